@@ -1,0 +1,173 @@
+/*
+ * Turning completed slots into records: copy the slot, fold its timing into the
+ * communicator's clock bounds, convert GPU times to host time, compute
+ * Inspector's bandwidths, format, and give the slot back.
+ */
+#include <math.h>
+
+#include "record.h"
+#include "rw.h"
+#include "writer_internal.h"
+
+static void snapshot(const rw_slot *s, rw_op *op) {
+  op->kind = LD(&s->kind);
+  op->func = LD(&s->func);
+  op->dtype = LD(&s->dtype);
+  op->algo = LD(&s->algo);
+  op->proto = LD(&s->proto);
+  op->nchannels = LD(&s->nchannels);
+  op->root_or_peer = LD(&s->root_or_peer);
+  op->seq = LD(&s->seq);
+  op->p2p_sn = LD(&s->p2p_sn);
+  op->count = LD(&s->count);
+  op->api_start = LD(&s->api_start);
+  op->api_end = LD(&s->api_end);
+  op->enq_start = LD(&s->enq_start);
+  op->enq_end = LD(&s->enq_end);
+  int64_t gs = LD(&s->gpu_start_raw), ge = LD(&s->gpu_end_raw);
+  op->gpu_start_raw = gs == INT64_MAX ? 0 : gs;
+  op->gpu_end_raw = ge == INT64_MIN ? 0 : ge;
+  op->ch_started = LD(&s->ch_started);
+  op->ch_stopped = LD(&s->ch_stopped);
+  op->ch_mask = LD(&s->ch_mask);
+  op->graph = (LD(&s->flags) & RW_F_GRAPH) != 0;
+  op->gpu_timed = op->gpu_start_raw != 0 && op->gpu_end_raw >= op->gpu_start_raw;
+}
+
+/* ---- clock: bounds on (host CLOCK_REALTIME - GPU timer) ---- */
+
+static void fold_clock(rw_comm *c, const rw_slot *s, const rw_op *op) {
+  int64_t upper = LD(&s->clk_upper);
+  if (upper != INT64_MAX && upper < c->clk_upper_cur) c->clk_upper_cur = upper;
+  /* A kernel starts after the host launched it: launch happens after the API
+   * call returned, or, for graph replays, after NCCL's host callback ran. */
+  int64_t before = op->graph ? op->enq_start : op->api_end;
+  if (op->gpu_start_raw != 0 && before != 0) {
+    int64_t lower = before - op->gpu_start_raw;
+    if (lower > c->clk_lower_cur) c->clk_lower_cur = lower;
+  }
+  if (upper != INT64_MAX) c->clk_samples++;
+}
+
+static bool estimate(int64_t lo, int64_t up, int64_t *offset, int64_t *error) {
+  if (up == INT64_MAX) return false;
+  if (lo == INT64_MIN) {
+    *offset = up; /* only bounded above: report the bound, error unknown */
+    *error = -1;
+  } else if (lo <= up) {
+    *offset = lo + (up - lo) / 2;
+    *error = (up - lo) / 2;
+  } else {
+    *offset = up; /* inconsistent bounds (drift, overwritten GPU ring): say so */
+    *error = lo - up;
+  }
+  return true;
+}
+
+void rw_clock_update(rw_comm *c) {
+  int64_t lo = c->clk_lower_cur > c->clk_lower_prev ? c->clk_lower_cur : c->clk_lower_prev;
+  int64_t up = c->clk_upper_cur < c->clk_upper_prev ? c->clk_upper_cur : c->clk_upper_prev;
+  if (lo != INT64_MIN && up != INT64_MAX && lo > up) { /* drifted: trust this window only */
+    lo = c->clk_lower_cur;
+    up = c->clk_upper_cur;
+  }
+  c->clk_valid = estimate(lo, up, &c->clk_offset, &c->clk_error);
+}
+
+/* ---- bandwidth as NCCL Inspector and nccl-tests compute it ---- */
+
+static void bandwidth(const rw_comm *c, rw_op *op) {
+  int size = rw_dtype_size(op->dtype);
+  op->msg_known = size > 0;
+  op->msg_bytes = op->count * (uint64_t)size;
+  double n = c->nranks > 0 ? c->nranks : 1, traffic = (double)op->msg_bytes, factor = 1;
+  switch (op->kind == RW_OP_COLL ? op->func : RW_FUNC_SEND) {
+  case RW_FUNC_ALLREDUCE: factor = 2 * (n - 1) / n; break;
+  case RW_FUNC_ALLGATHER:
+  case RW_FUNC_REDUCESCATTER: traffic *= n; factor = (n - 1) / n; break;
+  default: break;
+  }
+  double secs = (double)op->exec_ns / 1e9;
+  op->algbw_gbs = secs > 0 && op->msg_known ? traffic / 1e9 / secs : (double)NAN;
+  op->busbw_gbs = op->algbw_gbs * factor;
+}
+
+static void derive(rw_comm *c, rw_op *op) {
+  op->have_offset = c->clk_valid;
+  op->offset = c->clk_offset;
+  op->error = c->clk_error;
+  if (op->gpu_timed) op->exec_ns = op->gpu_end_raw - op->gpu_start_raw;
+  else op->exec_ns = op->enq_end > op->enq_start ? op->enq_end - op->enq_start : 0;
+  bandwidth(c, op);
+}
+
+static void note_completion(rw_comm *c, const rw_op *op) {
+  if (op->kind == RW_OP_COLL && op->func < RW_NCOLL_FUNCS) {
+    if ((int64_t)op->seq > LD(&c->seq[op->func].completed))
+      ST(&c->seq[op->func].completed, (int64_t)op->seq);
+  } else if (op->kind == RW_OP_P2P) {
+    atomic_fetch_add_explicit(op->func == RW_FUNC_RECV ? &c->p2p_recv_done : &c->p2p_send_done,
+                              1, memory_order_relaxed);
+  }
+  if (op->gpu_timed && op->enq_start > c->last_gpu_done_enq_ns)
+    c->last_gpu_done_enq_ns = op->enq_start;
+}
+
+/* Formats one slot and gives it back. `complete` is false for ops flushed at
+ * teardown or exit before NCCL reported their end. */
+static void write_slot(uint32_t index, bool complete, int64_t now) {
+  rw_slot *s = &rw_g.pool.slots[index];
+  rw_comm *c = rw_comm_at(LD(&s->comm));
+  if (c != NULL) {
+    rw_op op;
+    snapshot(s, &op);
+    op.complete = complete;
+    fold_clock(c, s, &op);
+    rw_clock_update(c);
+    derive(c, &op);
+    if (complete) note_completion(c, &op);
+    rw_json_op(rw_writer_op_buf(), c, &op, now);
+    if (rw_g.cfg.prom) rw_prom_account(c, &op);
+    atomic_fetch_add_explicit(&rw_g.stats.records_written, 1, memory_order_relaxed);
+    atomic_fetch_sub_explicit(&c->active_slots, 1, memory_order_relaxed);
+  }
+  rw_pool_release(&rw_g.pool, index);
+}
+
+void rw_drain_completed(uint32_t *scratch, int64_t now) {
+  uint32_t head = rw_pool_pop_all_done(&rw_g.pool), n = 0;
+  for (uint32_t i = head; i != 0 && n < rw_g.pool.nslots; i = LD(&rw_g.pool.slots[i - 1].next))
+    scratch[n++] = i - 1;
+  while (n > 0) write_slot(scratch[--n], true, now); /* the stack is LIFO: oldest first */
+}
+
+static bool force_done(rw_slot *s) {
+  uint32_t st = atomic_load_explicit(&s->state, memory_order_acquire);
+  while (st == RW_SLOT_ENQUEUING || st == RW_SLOT_ENQUEUED)
+    if (atomic_compare_exchange_weak_explicit(&s->state, &st, RW_SLOT_DONE, memory_order_acq_rel,
+                                              memory_order_acquire))
+      return true;
+  return false;
+}
+
+void rw_flush_inflight(rw_comm *c, int64_t now) {
+  for (uint32_t i = 0; i < rw_g.pool.nslots; i++) {
+    rw_slot *s = &rw_g.pool.slots[i];
+    if (LD(&s->comm) != c->index || !force_done(s)) continue;
+    write_slot(i, false, now);
+  }
+}
+
+/* Sampled GPU timing: an op whose group ran with KernelCh off (the mask
+ * changed between our decision and NCCL's read) never gets channel events.
+ * Once a later op on the same communicator has finished on the GPU, so has
+ * this one: complete it without GPU timing instead of holding its slot. */
+void rw_sweep_superseded(int64_t now) {
+  for (uint32_t i = 0; i < rw_g.pool.nslots; i++) {
+    rw_slot *s = &rw_g.pool.slots[i];
+    if (atomic_load_explicit(&s->state, memory_order_acquire) != RW_SLOT_ENQUEUED) continue;
+    rw_comm *c = rw_comm_at(LD(&s->comm));
+    if (c == NULL || LD(&s->ch_started) != 0 || now - LD(&s->enq_start) < 1000000000LL) continue;
+    if (c->last_gpu_done_enq_ns > LD(&s->enq_end)) rw_complete(i, s);
+  }
+}

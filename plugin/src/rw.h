@@ -1,0 +1,202 @@
+/*
+ * rankwatch plugin internals shared by every source file.
+ *
+ * Data path: NCCL callbacks (events.c) take a slot from a fixed pool (pool.c),
+ * fill it and, when the op is complete, push it onto a lock-free completed
+ * stack. The writer thread (writer.c) pops completed slots, formats them
+ * (record.c) and writes them, and periodically writes progress, clock and stats
+ * records. No NCCL thread ever formats, allocates, locks or does I/O.
+ */
+#ifndef RANKWATCH_RW_H
+#define RANKWATCH_RW_H
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <time.h>
+
+#include "profiler_common.h"
+
+#ifndef RANKWATCH_VERSION
+#define RANKWATCH_VERSION "0.0.0"
+#endif
+
+#define RW_SCHEMA 1
+#define RW_MAX_COMMS 1024
+#define RW_API_RING 8192 /* entries of CollApi/P2pApi timestamps; power of two */
+#define RW_MAX_INFLIGHT_LISTED 64
+#define RW_PATH_MAX 1024
+
+/* Relaxed atomics: plain moves on x86-64, but keep ThreadSanitizer exact. */
+#define LD(p) atomic_load_explicit((p), memory_order_relaxed)
+#define ST(p, v) atomic_store_explicit((p), (v), memory_order_relaxed)
+
+static inline int64_t rw_now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+/* ---- names (names.c): NCCL's static strings interned to small ids ---- */
+enum rw_name_kind { RW_NAME_FUNC, RW_NAME_DTYPE, RW_NAME_ALGO, RW_NAME_PROTO };
+enum {
+  RW_FUNC_UNKNOWN = 0,
+  RW_FUNC_BROADCAST,
+  RW_FUNC_REDUCE,
+  RW_FUNC_ALLGATHER,
+  RW_FUNC_REDUCESCATTER,
+  RW_FUNC_ALLREDUCE,
+  RW_FUNC_SEND,
+  RW_FUNC_RECV,
+  RW_FUNC_OTHER_FIRST, /* AlltoAll, Gather, Scatter, SendRecv, ... */
+  RW_NFUNC = 16,
+};
+#define RW_NCOLL_FUNCS 6 /* ids 0..5 have per-communicator sequence tables */
+uint8_t rw_name_id(enum rw_name_kind kind, const char *s);
+const char *rw_name_str(enum rw_name_kind kind, uint8_t id);
+int rw_dtype_size(uint8_t dtype_id); /* bytes, or 0 when unknown */
+
+/* ---- configuration (config.c), parsed once at the first init ---- */
+enum rw_gpu_timing { RW_GPU_ON, RW_GPU_OFF, RW_GPU_SAMPLED };
+typedef struct {
+  bool enabled;
+  char dump_dir[RW_PATH_MAX];
+  int64_t interval_ns;       /* progress / clock / stats period */
+  int64_t drain_ns;          /* how often completed records are written */
+  uint64_t min_size_bytes;   /* ops below are counted, not recorded */
+  bool p2p;                  /* record P2P operations */
+  bool prom;                 /* Prometheus textfile output */
+  bool verbose;              /* Inspector's event_trace blocks */
+  enum rw_gpu_timing gpu_timing;
+  int64_t sample_period_ns;  /* sampled mode: GPU timing on for the first */
+  int64_t sample_window_ns;  /* window of every period of wall-clock time */
+  uint32_t pool_slots;
+  char job_id[128];
+  char hostname[256];
+} rw_config;
+void rw_config_load(rw_config *cfg);
+
+/* ---- communicators (comm.c) ---- */
+typedef struct {
+  _Atomic int64_t enqueued, started, completed; /* last sequence numbers, -1 none */
+} rw_seq_progress;
+
+typedef struct rw_comm {
+  uint64_t comm_id;
+  int rank, nranks, nnodes, device, abi;
+  char name[128];
+  uint32_t gen, index;            /* generation and table index (for slots) */
+  _Atomic int finalizing;         /* 1: finalize asked for a flush; 2: flushed */
+  int64_t flushed_at_ns;          /* writer: freed a grace period after this */
+  bool announced;                 /* writer: comm record written */
+  _Atomic int64_t active_slots;   /* slots still referring to this communicator */
+  rw_seq_progress seq[RW_NCOLL_FUNCS];
+  _Atomic uint64_t p2p_sn;        /* Inspector-style per-communicator P2P counter */
+  _Atomic uint64_t p2p_send_enq, p2p_recv_enq, p2p_send_done, p2p_recv_done;
+  _Atomic uint32_t *peer_seq;     /* [2 * npeer_seq]: per peer, send then recv */
+  uint32_t npeer_seq;
+  _Atomic int64_t last_activity_ns;
+  /* Writer-owned clock state: bounds on host CLOCK_REALTIME - GPU timer. */
+  int64_t clk_lower_cur, clk_upper_cur, clk_lower_prev, clk_upper_prev;
+  int64_t clk_window_start;
+  uint64_t clk_samples;
+  int64_t clk_offset, clk_error;
+  bool clk_valid;
+  int64_t last_gpu_done_enq_ns;   /* writer: latest enqueue of a completed GPU-timed op */
+  struct rw_prom_agg *prom;       /* writer-owned Prometheus aggregates */
+} rw_comm;
+
+/* Contexts handed to NCCL are encoded table indices, never raw pointers. */
+void *rw_comm_create(uint64_t comm_id, const char *name, int nnodes, int nranks, int rank,
+                     int abi, int device);
+rw_comm *rw_comm_from_context(void *context);
+rw_comm *rw_comm_at(uint32_t index);    /* live or finalizing communicator, or NULL */
+void rw_comm_free(uint32_t index);      /* writer: after the final flush */
+
+/* ---- op slots (pool.c) ---- */
+enum rw_slot_state { RW_SLOT_FREE = 0, RW_SLOT_ENQUEUING, RW_SLOT_ENQUEUED, RW_SLOT_DONE };
+enum rw_op_kind { RW_OP_COLL = 1, RW_OP_P2P = 2 };
+enum { RW_F_GRAPH = 1, RW_F_GPU_EXPECTED = 2, RW_F_ENQ_STOPPED = 4, RW_F_FORCED = 8 };
+
+typedef struct rw_slot {
+  _Atomic uint32_t gen;       /* bumped at every allocation: stale handles fail the check */
+  _Atomic uint32_t next;      /* free-list / completed-stack link: index + 1, 0 ends */
+  _Atomic uint32_t state;
+  _Atomic int32_t pending;    /* 1 for the enqueue stop + one per expected channel */
+  _Atomic uint32_t flags;
+  _Atomic uint32_t comm;      /* communicator table index */
+  _Atomic uint8_t kind, func, dtype, algo, proto, nchannels;
+  _Atomic int32_t root_or_peer;
+  _Atomic uint64_t seq;       /* coll: NCCL seqNumber; p2p: per (peer, direction) order */
+  _Atomic uint64_t p2p_sn;
+  _Atomic uint64_t count;
+  _Atomic int64_t api_start, api_end;  /* 0 = unknown */
+  _Atomic int64_t enq_start, enq_end;
+  _Atomic int64_t gpu_start_raw;       /* min over channels, INT64_MAX none */
+  _Atomic int64_t gpu_end_raw;         /* max over channels, INT64_MIN none */
+  _Atomic int64_t clk_upper;           /* min (host report - GPU timestamp), INT64_MAX none */
+  _Atomic uint16_t ch_started, ch_stopped;
+  _Atomic uint64_t ch_mask;            /* channels seen */
+} rw_slot;
+
+typedef struct {
+  rw_slot *slots;
+  uint32_t nslots;
+  _Atomic uint64_t free_head;  /* (tag << 32) | (index + 1) */
+  _Atomic uint32_t done_head;  /* completed stack, index + 1 */
+  _Atomic int64_t in_use;
+} rw_pool;
+
+int rw_pool_init(rw_pool *p, uint32_t nslots);
+void rw_pool_destroy(rw_pool *p);
+rw_slot *rw_pool_take(rw_pool *p, uint32_t *index);  /* NULL when full */
+void rw_pool_release(rw_pool *p, uint32_t index);    /* writer only */
+void rw_pool_push_done(rw_pool *p, uint32_t index);
+uint32_t rw_pool_pop_all_done(rw_pool *p);           /* returns list head (index + 1) */
+
+/* ---- counters (reported in stats records) ---- */
+typedef struct {
+  _Atomic uint64_t ops_started, records_written, dropped_pool_full, filtered_min_size;
+  _Atomic uint64_t stale_handles, write_errors, bytes_written;
+} rw_stats;
+
+/* ---- process-global state (plugin.c) ---- */
+typedef struct {
+  rw_config cfg;
+  rw_pool pool;
+  rw_stats stats;
+  _Atomic(int *) mask_ptr;  /* NCCL's process-global activation mask */
+  int base_mask;            /* what we request, without KernelCh */
+  _Atomic int kch_on;       /* KernelCh currently requested */
+  ncclDebugLogger_t logfn;
+  int pid;
+  bool ready;               /* global init succeeded */
+} rw_global;
+extern rw_global rw_g;
+
+/* ---- events (events.c): the hot path ---- */
+void rw_start_event(void *context, void **eHandle, uint64_t type, void *parent, const void *u);
+void rw_stop_event(void *eHandle);
+void rw_record_state(void *eHandle, int state, const void *args);
+void rw_complete(uint32_t index, rw_slot *s);
+
+/* ---- global lifecycle (plugin.c) ---- */
+ncclResult_t rw_init(void **context, uint64_t comm_id, int *mask, const char *name, int nnodes,
+                     int nranks, int rank, ncclDebugLogger_t logfn, int abi);
+ncclResult_t rw_finalize(void *context);
+
+/* ---- writer thread (writer.c) ---- */
+int rw_writer_start(void);
+void rw_writer_flush_comm(uint32_t comm_index); /* blocks briefly until written */
+void rw_writer_stop(const char *reason);
+void rw_writer_apply_mask(int64_t now);
+
+/* ---- logging (log.c): one warning per cause, through NCCL's logger ---- */
+enum rw_warn_cause { RW_WARN_DIR, RW_WARN_WRITE, RW_WARN_POOL, RW_WARN_THREAD, RW_WARN_COMMS,
+                     RW_WARN_NCAUSES };
+void rw_warn_once(enum rw_warn_cause cause, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+void rw_info(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+#endif
