@@ -1,0 +1,54 @@
+"""Options shared by the subcommands that start the plugin (env, run)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypeVar
+
+import click
+
+from rankwatch.collect.env import GPU_TIMING_MODES
+
+F = TypeVar("F", bound=Callable[..., object])
+
+_PLUGIN_OPTIONS = (
+    click.option(
+        "--dump-dir",
+        type=click.Path(file_okay=False, path_type=Path),
+        default=None,
+        help="Directory for the record files [default: ./rankwatch-<UTC time>].",
+    ),
+    click.option(
+        "--interval-ms",
+        type=click.IntRange(min=1),
+        default=None,
+        help="Period of progress, clock and stats records, in milliseconds.",
+    ),
+    click.option(
+        "--gpu-timing",
+        type=click.Choice(GPU_TIMING_MODES),
+        default=None,
+        help="Per-channel GPU kernel timing: on, off, or sampled.",
+    ),
+    click.option(
+        "--min-size",
+        type=click.IntRange(min=0),
+        default=None,
+        metavar="BYTES",
+        help="Skip ops smaller than this many bytes (they are still counted).",
+    ),
+    click.option("--prom", is_flag=True, help="Also write Prometheus text files."),
+    click.option(
+        "--job-id",
+        default=None,
+        help="Job id stamped into records [default: SLURM_JOB_ID or TORCHELASTIC_RUN_ID].",
+    ),
+)
+
+
+def plugin_options(func: F) -> F:
+    """Add the plugin settings as options; they reach the command as keywords."""
+    for option in reversed(_PLUGIN_OPTIONS):
+        func = option(func)
+    return func

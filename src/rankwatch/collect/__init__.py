@@ -1,0 +1,1 @@
+"""Collection: find the plugin, build its environment, run a command under it."""
