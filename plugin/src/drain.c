@@ -121,7 +121,8 @@ static void write_slot(uint32_t index, bool complete, int64_t now) {
   if (c != NULL) {
     rw_op op;
     snapshot(s, &op);
-    op.complete = complete;
+    bool expected = (LD(&s->flags) & RW_F_GPU_EXPECTED) != 0;
+    op.complete = complete && (!expected || op.ch_stopped >= op.nchannels);
     fold_clock(c, s, &op);
     rw_clock_update(c);
     derive(c, &op);
@@ -158,16 +159,20 @@ void rw_flush_inflight(rw_comm *c, int64_t now) {
   }
 }
 
-/* Sampled GPU timing: an op whose group ran with KernelCh off (the mask
- * changed between our decision and NCCL's read) never gets channel events.
- * Once a later op on the same communicator has finished on the GPU, so has
- * this one: complete it without GPU timing instead of holding its slot. */
+/* An op can wait for channel events that never come: with sampled GPU timing
+ * its group may have run with KernelCh off (the mask changed between our
+ * decision and NCCL's read), and NCCL may skip or lose channels (aborts,
+ * overwritten GPU rings, paths it reports no channels for). Ops on one
+ * communicator finish in order, so once a later op has finished on the GPU,
+ * this one has too: write it (marked incomplete if channels are missing)
+ * rather than hold its slot. A hung op is never superseded, so it stays. */
 void rw_sweep_superseded(int64_t now) {
   for (uint32_t i = 0; i < rw_g.pool.nslots; i++) {
     rw_slot *s = &rw_g.pool.slots[i];
     if (atomic_load_explicit(&s->state, memory_order_acquire) != RW_SLOT_ENQUEUED) continue;
     rw_comm *c = rw_comm_at(LD(&s->comm));
-    if (c == NULL || LD(&s->ch_started) != 0 || now - LD(&s->enq_start) < 1000000000LL) continue;
-    if (c->last_gpu_done_enq_ns > LD(&s->enq_end)) rw_complete(i, s);
+    int64_t enq_end = LD(&s->enq_end);
+    if (c == NULL || enq_end == 0 || now - enq_end < 2000000000LL) continue;
+    if (c->last_gpu_done_enq_ns > enq_end) rw_complete(i, s);
   }
 }

@@ -138,7 +138,10 @@ static void start_op(rw_comm *c, void **eHandle, void *parent, const rw_op_field
   if (s == NULL) return;
   int64_t api_s, api_e;
   bool graph = parent_api_times(parent, &api_s, &api_e);
-  bool gpu = LD(&rw_g.kch_on) && f->nchannels > 0;
+  /* NCCL reports no channel events for a P2P op with itself (seen on NCCL
+   * 2.28.9: all_to_all's self send/recv), though it plans a channel for it. */
+  bool self = f->kind == RW_OP_P2P && f->root_or_peer == c->rank;
+  bool gpu = LD(&rw_g.kch_on) && f->nchannels > 0 && !self;
   ST(&s->comm, c->index);
   ST(&s->kind, f->kind);
   ST(&s->func, f->func);
@@ -240,7 +243,9 @@ static void stop_kernel_ch(const rw_handle *h) {
     return;
   }
   atomic_fetch_add_explicit(&s->ch_stopped, 1, memory_order_relaxed);
-  release_pending(h->index, s);
+  /* Only channels we counted on hold the op open: with sampled timing or
+   * CollNet (nChannels 0) channel events can come for an op that expected none. */
+  if (LD(&s->flags) & RW_F_GPU_EXPECTED) release_pending(h->index, s);
 }
 
 static void stop_op(const rw_handle *h) {

@@ -24,7 +24,8 @@ static pthread_t thread;
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t wake_cv = PTHREAD_COND_INITIALIZER;
 static pthread_cond_t done_cv = PTHREAD_COND_INITIALIZER;
-static bool running, stop_requested, exited;
+static _Atomic bool running;
+static bool stop_requested, exited;
 static const char *stop_reason = "exit";
 
 static int op_fd = -1, state_fd = -1;
@@ -106,7 +107,7 @@ static void finish_finalized(int64_t now) {
 }
 
 static void on_interval(int64_t now) {
-  if (rw_g.cfg.gpu_timing == RW_GPU_SAMPLED) rw_sweep_superseded(now);
+  rw_sweep_superseded(now);
   rw_drain_completed(drain_scratch, now);
   rw_write_all_progress(now, "interval");
   rw_json_stats(&state_buf, now, "interval");
