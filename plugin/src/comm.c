@@ -41,15 +41,16 @@ static void init_comm(rw_comm *c, uint64_t comm_id, const char *name, int nnodes
   c->device = -1;
   /* commName dies with NCCL's communicator: copy it. */
   snprintf(c->name, sizeof c->name, "%s", name && name[0] ? name : "unknown");
+  rw_json_quote(c->name_json, sizeof c->name_json, c->name);
   for (int f = 0; f < RW_NCOLL_FUNCS; f++) {
-    ST(&c->seq[f].enqueued, -1);
-    ST(&c->seq[f].started, -1);
-    ST(&c->seq[f].completed, -1);
+    ST(&c->seq_enqueued[f], -1);
+    ST(&c->seq_started[f], -1);
+    ST(&c->seq_completed[f], -1);
   }
   c->clk_lower_cur = c->clk_lower_prev = INT64_MIN;
   c->clk_upper_cur = c->clk_upper_prev = INT64_MAX;
   c->clk_window_start = rw_now_ns();
-  ST(&c->last_activity_ns, c->clk_window_start);
+  ST(&c->last_enqueue_ns, c->clk_window_start);
   /* Per-peer P2P order: bounded so a huge communicator cannot exhaust memory. */
   uint32_t npeer = nranks > 0 && nranks <= (1 << 20) ? (uint32_t)nranks : 0;
   c->peer_seq = npeer ? calloc(2 * (size_t)npeer, sizeof(*c->peer_seq)) : NULL;
@@ -58,8 +59,11 @@ static void init_comm(rw_comm *c, uint64_t comm_id, const char *name, int nnodes
 
 void *rw_comm_create(uint64_t comm_id, const char *name, int nnodes, int nranks, int rank,
                      int abi, int device) {
-  rw_comm *c = calloc(1, sizeof(*c));
+  /* Aligned: the struct keeps thread-owned counters on separate cache lines. */
+  size_t size = (sizeof(rw_comm) + 63) / 64 * 64;
+  rw_comm *c = aligned_alloc(64, size);
   if (c == NULL) return NULL;
+  memset(c, 0, size);
   init_comm(c, comm_id, name, nnodes, nranks, rank, abi);
   c->device = device;
   c->gen = atomic_fetch_add(&next_gen, 1);
@@ -82,4 +86,9 @@ void rw_comm_free(uint32_t index) {
   free(c->peer_seq);
   free(c->prom);
   free(c);
+}
+
+int64_t rw_comm_last_activity(const rw_comm *c) {
+  int64_t e = LD(&c->last_enqueue_ns), g = LD(&c->last_gpu_ns);
+  return e > g ? e : g;
 }

@@ -97,4 +97,6 @@ void rw_config_load(rw_config *cfg) {
   cfg->pool_slots = (uint32_t)(slots < 64 ? 64 : slots > (1 << 23) ? (1 << 23) : slots);
   if (gethostname(cfg->hostname, sizeof cfg->hostname - 1) != 0)
     snprintf(cfg->hostname, sizeof cfg->hostname, "unknown");
+  rw_json_quote(cfg->hostname_json, sizeof cfg->hostname_json, cfg->hostname);
+  rw_json_quote(cfg->job_id_json, sizeof cfg->job_id_json, cfg->job_id);
 }

@@ -103,8 +103,8 @@ static void derive(rw_comm *c, rw_op *op) {
 
 static void note_completion(rw_comm *c, const rw_op *op) {
   if (op->kind == RW_OP_COLL && op->func < RW_NCOLL_FUNCS) {
-    if ((int64_t)op->seq > LD(&c->seq[op->func].completed))
-      ST(&c->seq[op->func].completed, (int64_t)op->seq);
+    if ((int64_t)op->seq > LD(&c->seq_completed[op->func]))
+      ST(&c->seq_completed[op->func], (int64_t)op->seq);
   } else if (op->kind == RW_OP_P2P) {
     atomic_fetch_add_explicit(op->func == RW_FUNC_RECV ? &c->p2p_recv_done : &c->p2p_send_done,
                               1, memory_order_relaxed);
@@ -130,7 +130,6 @@ static void write_slot(uint32_t index, bool complete, int64_t now) {
     rw_json_op(rw_writer_op_buf(), c, &op, now);
     if (rw_g.cfg.prom) rw_prom_account(c, &op);
     atomic_fetch_add_explicit(&rw_g.stats.records_written, 1, memory_order_relaxed);
-    atomic_fetch_sub_explicit(&c->active_slots, 1, memory_order_relaxed);
   }
   rw_pool_release(&rw_g.pool, index);
 }

@@ -131,7 +131,7 @@ static bool below_min_size(const rw_op_fields *f) {
 
 static void start_op(rw_comm *c, void **eHandle, void *parent, const rw_op_fields *f,
                      int64_t now) {
-  ST(&c->last_activity_ns, now);
+  ST(&c->last_enqueue_ns, now);
   if (below_min_size(f)) return;
   uint32_t index;
   rw_slot *s = take_slot(&index);
@@ -165,8 +165,6 @@ static void start_op(rw_comm *c, void **eHandle, void *parent, const rw_op_field
   ST(&s->ch_mask, 0);
   ST(&s->flags, (graph ? RW_F_GRAPH : 0u) | (gpu ? RW_F_GPU_EXPECTED : 0u));
   ST(&s->pending, 1 + (gpu ? (int32_t)f->nchannels : 0));
-  atomic_fetch_add_explicit(&c->active_slots, 1, memory_order_relaxed);
-  atomic_fetch_add_explicit(&rw_g.stats.ops_started, 1, memory_order_relaxed);
   uint32_t gen = LD(&s->gen);
   atomic_store_explicit(&s->state, RW_SLOT_ENQUEUING, memory_order_release);
   *eHandle = rw_handle_encode(RW_H_OP, index, gen, 0, 0);
@@ -182,7 +180,7 @@ static void start_coll(rw_comm *c, void **eHandle, void *parent, const rw_abi_co
                     .root_or_peer = d->root,
                     .seq = d->seqNumber,
                     .count = d->count};
-  if (f.func < RW_NCOLL_FUNCS) store_max(&c->seq[f.func].enqueued, (int64_t)f.seq);
+  if (f.func < RW_NCOLL_FUNCS) store_max(&c->seq_enqueued[f.func], (int64_t)f.seq);
   start_op(c, eHandle, parent, &f, rw_now_ns());
 }
 
@@ -221,9 +219,9 @@ static void start_kernel_ch(void **eHandle, void *parent, const rw_abi_kernel_ch
   rw_comm *c = rw_comm_at(LD(&s->comm));
   uint8_t func = LD(&s->func);
   if (c != NULL) {
-    ST(&c->last_activity_ns, now);
+    ST(&c->last_gpu_ns, now);
     if (LD(&s->kind) == RW_OP_COLL && func < RW_NCOLL_FUNCS)
-      store_max(&c->seq[func].started, (int64_t)LD(&s->seq));
+      store_max(&c->seq_started[func], (int64_t)LD(&s->seq));
   }
   *eHandle = rw_handle_encode(RW_H_KCH, h.index, h.gen, d->channelId, 0);
 }

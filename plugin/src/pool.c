@@ -11,13 +11,13 @@
 #include "rw.h"
 
 int rw_pool_init(rw_pool *p, uint32_t nslots) {
-  p->slots = calloc(nslots, sizeof(rw_slot));
+  p->slots = aligned_alloc(64, (size_t)nslots * sizeof(rw_slot));
   if (p->slots == NULL) return -1;
+  memset(p->slots, 0, (size_t)nslots * sizeof(rw_slot));
   p->nslots = nslots;
   for (uint32_t i = 0; i < nslots; i++) ST(&p->slots[i].next, i + 2 <= nslots ? i + 2 : 0);
   ST(&p->free_head, (uint64_t)1);
   ST(&p->done_head, 0u);
-  ST(&p->in_use, 0);
   return 0;
 }
 
@@ -36,7 +36,6 @@ rw_slot *rw_pool_take(rw_pool *p, uint32_t *index) {
     uint64_t desired = ((head >> 32) + 1) << 32 | next;
     if (atomic_compare_exchange_weak_explicit(&p->free_head, &head, desired,
                                               memory_order_acq_rel, memory_order_acquire)) {
-      atomic_fetch_add_explicit(&p->in_use, 1, memory_order_relaxed);
       *index = top - 1;
       return &p->slots[top - 1];
     }
@@ -56,7 +55,6 @@ void rw_pool_release(rw_pool *p, uint32_t index) {
                                               memory_order_acq_rel, memory_order_acquire))
       break;
   }
-  atomic_fetch_sub_explicit(&p->in_use, 1, memory_order_relaxed);
 }
 
 void rw_pool_push_done(rw_pool *p, uint32_t index) {
@@ -70,4 +68,19 @@ void rw_pool_push_done(rw_pool *p, uint32_t index) {
 
 uint32_t rw_pool_pop_all_done(rw_pool *p) {
   return atomic_exchange_explicit(&p->done_head, 0u, memory_order_acquire);
+}
+
+int64_t rw_pool_count_in_use(rw_pool *p) {
+  int64_t n = 0;
+  for (uint32_t i = 0; i < p->nslots; i++)
+    n += atomic_load_explicit(&p->slots[i].state, memory_order_relaxed) != RW_SLOT_FREE;
+  return n;
+}
+
+bool rw_pool_refers_to(rw_pool *p, uint32_t comm) {
+  for (uint32_t i = 0; i < p->nslots; i++)
+    if (atomic_load_explicit(&p->slots[i].state, memory_order_relaxed) != RW_SLOT_FREE &&
+        LD(&p->slots[i].comm) == comm)
+      return true;
+  return false;
 }

@@ -63,6 +63,7 @@ static void write_progress(rw_comm *c, int64_t now, const char *reason, size_t n
   size_t first = 0, count = 0;
   while (first < n && scratch[first].comm < c->index) first++;
   while (first + count < n && scratch[first + count].comm == c->index) count++;
+  c->inflight = (int64_t)count;
   rw_inflight ops[RW_MAX_INFLIGHT_LISTED];
   size_t listed = count < RW_MAX_INFLIGHT_LISTED ? count : RW_MAX_INFLIGHT_LISTED;
   for (size_t i = 0; i < listed; i++) ops[i] = scratch[first + i].op;

@@ -138,14 +138,14 @@ static void counter_family(rw_buf *b, const char *name, const char *help, int fi
 }
 
 static void comm_gauges(rw_buf *b) {
-  family(b, "rankwatch_ops_in_flight", "gauge", "Ops enqueued and not yet written.");
+  family(b, "rankwatch_ops_in_flight", "gauge", "Ops enqueued and not yet completed, at the last interval.");
   for (uint32_t i = 0; i < RW_MAX_COMMS; i++) {
     rw_comm *c = rw_comm_at(i);
     if (c == NULL) continue;
     rw_put(b, "rankwatch_ops_in_flight");
     labels(b, c);
     rw_put(b, "} ");
-    rw_put_i64(b, LD(&c->active_slots));
+    rw_put_i64(b, c->inflight);
     rw_put(b, "\n");
   }
   family(b, "rankwatch_last_progress_timestamp_seconds", "gauge",
@@ -156,7 +156,7 @@ static void comm_gauges(rw_buf *b) {
     rw_put(b, "rankwatch_last_progress_timestamp_seconds");
     labels(b, c);
     rw_put(b, "} ");
-    rw_put_fixed(b, (double)LD(&c->last_activity_ns) / 1e9, 6);
+    rw_put_fixed(b, (double)rw_comm_last_activity(c) / 1e9, 6);
     rw_put(b, "\n");
   }
 }

@@ -4,6 +4,7 @@
  * order follow docs/record-format.md.
  */
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -40,28 +41,41 @@ void rw_put(rw_buf *b, const char *s) {
   b->len += n;
 }
 
-void rw_put_i64(rw_buf *b, int64_t v) {
-  char tmp[24];
-  int i = 0;
-  uint64_t u = v < 0 ? (uint64_t)0 - (uint64_t)v : (uint64_t)v;
-  do {
-    tmp[i++] = (char)('0' + u % 10);
-    u /= 10;
-  } while (u);
-  if (!rw_buf_room(b, (size_t)i + 1)) return;
-  if (v < 0) b->p[b->len++] = '-';
-  while (i) b->p[b->len++] = tmp[--i];
-}
+/* Two digits per division: timestamps have 19 digits and dominate the
+ * writer's time when printed one digit at a time. */
+static const char digit_pairs[201] =
+    "00010203040506070809101112131415161718192021222324252627282930313233343536373839"
+    "40414243444546474849505152535455565758596061626364656667686970717273747576777879"
+    "8081828384858687888990919293949596979899";
 
 static void put_u64(rw_buf *b, uint64_t u) {
   char tmp[24];
-  int i = 0;
-  do {
-    tmp[i++] = (char)('0' + u % 10);
-    u /= 10;
-  } while (u);
-  if (!rw_buf_room(b, (size_t)i)) return;
-  while (i) b->p[b->len++] = tmp[--i];
+  int i = 24;
+  while (u >= 100) {
+    unsigned d = (unsigned)(u % 100) * 2;
+    u /= 100;
+    tmp[--i] = digit_pairs[d + 1];
+    tmp[--i] = digit_pairs[d];
+  }
+  if (u >= 10) {
+    tmp[--i] = digit_pairs[u * 2 + 1];
+    tmp[--i] = digit_pairs[u * 2];
+  } else {
+    tmp[--i] = (char)('0' + u);
+  }
+  if (!rw_buf_room(b, (size_t)(24 - i))) return;
+  memcpy(b->p + b->len, tmp + i, (size_t)(24 - i));
+  b->len += (size_t)(24 - i);
+}
+
+void rw_put_i64(rw_buf *b, int64_t v) {
+  if (v < 0) {
+    if (!rw_buf_room(b, 1)) return;
+    b->p[b->len++] = '-';
+    put_u64(b, (uint64_t)0 - (uint64_t)v);
+  } else {
+    put_u64(b, (uint64_t)v);
+  }
 }
 
 void rw_put_fixed(rw_buf *b, double v, int decimals) {
@@ -107,6 +121,13 @@ void rw_put_json_str(rw_buf *b, const char *s) {
   b->p[b->len++] = '"';
 }
 
+void rw_json_quote(char *dst, size_t cap, const char *src) {
+  rw_buf b = {.p = NULL, .len = 0, .cap = 0};
+  rw_put_json_str(&b, src);
+  snprintf(dst, cap, "%.*s", (int)b.len, b.p ? b.p : "\"\"");
+  rw_buf_free(&b);
+}
+
 static void put_hex64(rw_buf *b, uint64_t v) {
   static const char hex[] = "0123456789abcdef";
   if (!rw_buf_room(b, 20)) return;
@@ -117,19 +138,29 @@ static void put_hex64(rw_buf *b, uint64_t v) {
   b->p[b->len++] = '"';
 }
 
-/* ,"key":value helpers; `first` callers write the key without a comma. */
+/* ,"key":value appenders. Keys are literals, so their length is known at
+ * compile time and each costs one memcpy. */
+static void put_n(rw_buf *b, const char *s, size_t n) {
+  if (!rw_buf_room(b, n)) return;
+  memcpy(b->p + b->len, s, n);
+  b->len += n;
+}
+#define PUT_LIT(b, s) put_n((b), (s), sizeof(s) - 1)
+#define KEY(b, k) PUT_LIT(b, ",\"" k "\":")
+#define kv_i64(b, k, v) (KEY(b, k), rw_put_i64((b), (v)))
+#define kv_str(b, k, v) (KEY(b, k), rw_put_json_str((b), (v)))
+#define kv_bool(b, k, v) (KEY(b, k), (v) ? PUT_LIT(b, "true") : PUT_LIT(b, "false"))
+#define kv_opt(b, k, known, v) (KEY(b, k), opt_i64((b), (known), (v)))
+
+static void opt_i64(rw_buf *b, bool known, int64_t v) {
+  if (known) rw_put_i64(b, v);
+  else PUT_LIT(b, "null");
+}
+
 static void key(rw_buf *b, const char *k) {
   rw_put(b, ",\"");
   rw_put(b, k);
   rw_put(b, "\":");
-}
-static void kv_i64(rw_buf *b, const char *k, int64_t v) { key(b, k); rw_put_i64(b, v); }
-static void kv_str(rw_buf *b, const char *k, const char *v) { key(b, k); rw_put_json_str(b, v); }
-static void kv_bool(rw_buf *b, const char *k, bool v) { key(b, k); rw_put(b, v ? "true" : "false"); }
-static void kv_opt(rw_buf *b, const char *k, bool known, int64_t v) {
-  key(b, k);
-  if (known) rw_put_i64(b, v);
-  else rw_put(b, "null");
 }
 
 /* ---- op records ---- */
@@ -137,7 +168,8 @@ static void kv_opt(rw_buf *b, const char *k, bool known, int64_t v) {
 static void put_header(rw_buf *b, const rw_comm *c, int64_t now) {
   rw_put(b, "{\"header\":{\"id\":");
   put_hex64(b, c->comm_id);
-  kv_str(b, "comm_name", c->name);
+  KEY(b, "comm_name");
+  rw_put(b, c->name_json);
   kv_i64(b, "rank", c->rank);
   kv_i64(b, "n_ranks", c->nranks);
   kv_i64(b, "nnodes", c->nnodes);
@@ -145,7 +177,8 @@ static void put_header(rw_buf *b, const rw_comm *c, int64_t now) {
   kv_str(b, "git_rev", "rankwatch-" RANKWATCH_VERSION);
   kv_str(b, "rec_mechanism", "nccl_profiler_interface");
   kv_i64(b, "dump_timestamp_us", now / 1000);
-  kv_str(b, "hostname", rw_g.cfg.hostname);
+  KEY(b, "hostname");
+  rw_put(b, rw_g.cfg.hostname_json);
   kv_i64(b, "pid", rw_g.pid);
   rw_put(b, "}");
 }
@@ -161,11 +194,18 @@ static void put_perf(rw_buf *b, const rw_op *op) {
   const char *const *k = perf_keys[coll ? 0 : 1];
   rw_put(b, k[0]);
   rw_put_json_str(b, rw_name_str(RW_NAME_FUNC, op->func));
-  kv_i64(b, k[1], (int64_t)(coll ? op->seq : op->p2p_sn));
-  if (!coll) kv_i64(b, k[7], op->root_or_peer);
-  kv_i64(b, k[2], (int64_t)op->msg_bytes);
-  kv_i64(b, k[3], op->exec_ns / 1000);
-  kv_str(b, k[4], op->gpu_timed ? "kernel_gpu" : "collective_cpu");
+  key(b, k[1]);
+  rw_put_i64(b, (int64_t)(coll ? op->seq : op->p2p_sn));
+  if (!coll) {
+    key(b, k[7]);
+    rw_put_i64(b, op->root_or_peer);
+  }
+  key(b, k[2]);
+  rw_put_i64(b, (int64_t)op->msg_bytes);
+  key(b, k[3]);
+  rw_put_i64(b, op->exec_ns / 1000);
+  key(b, k[4]);
+  rw_put_json_str(b, op->gpu_timed ? "kernel_gpu" : "collective_cpu");
   key(b, k[5]);
   rw_put_fixed(b, op->algbw_gbs, 6);
   key(b, k[6]);
@@ -195,7 +235,8 @@ static void put_extension(rw_buf *b, const rw_comm *c, const rw_op *op) {
   bool coll = op->kind == RW_OP_COLL;
   rw_put(b, ",\"rankwatch\":{\"schema\":1");
   kv_str(b, "kind", coll ? "coll" : "p2p");
-  kv_str(b, "job_id", rw_g.cfg.job_id);
+  KEY(b, "job_id");
+  rw_put(b, rw_g.cfg.job_id_json);
   kv_opt(b, "device", c->device >= 0, c->device);
   kv_str(b, "func", rw_name_str(RW_NAME_FUNC, op->func));
   kv_i64(b, "seq", (int64_t)op->seq);
@@ -204,10 +245,10 @@ static void put_extension(rw_buf *b, const rw_comm *c, const rw_op *op) {
   kv_opt(b, "msg_size_bytes", op->msg_known, (int64_t)op->msg_bytes);
   kv_opt(b, "root", coll, op->root_or_peer);
   kv_opt(b, "peer", !coll, op->root_or_peer);
-  key(b, "algo");
+  KEY(b, "algo");
   if (coll) rw_put_json_str(b, rw_name_str(RW_NAME_ALGO, op->algo));
   else rw_put(b, "null");
-  key(b, "proto");
+  KEY(b, "proto");
   if (coll) rw_put_json_str(b, rw_name_str(RW_NAME_PROTO, op->proto));
   else rw_put(b, "null");
   kv_i64(b, "nchannels", op->nchannels);
@@ -258,13 +299,14 @@ static void state_head(rw_buf *b, const char *kind, int64_t now) {
   rw_put(b, "{\"schema\":1");
   kv_str(b, "kind", kind);
   kv_i64(b, "ts_ns", now);
-  kv_str(b, "hostname", rw_g.cfg.hostname);
+  KEY(b, "hostname");
+  rw_put(b, rw_g.cfg.hostname_json);
   kv_i64(b, "pid", rw_g.pid);
 }
 
 static void comm_head(rw_buf *b, const char *kind, const rw_comm *c, int64_t now) {
   state_head(b, kind, now);
-  key(b, "comm_id");
+  KEY(b, "comm_id");
   put_hex64(b, c->comm_id);
   kv_i64(b, "rank", c->rank);
   kv_i64(b, "n_ranks", c->nranks);
@@ -273,10 +315,12 @@ static void comm_head(rw_buf *b, const char *kind, const rw_comm *c, int64_t now
 void rw_json_comm(rw_buf *b, const rw_comm *c, int64_t now) {
   static const char *const timing[] = {"on", "off", "sampled"};
   state_head(b, "comm", now);
-  kv_str(b, "job_id", rw_g.cfg.job_id);
-  key(b, "comm_id");
+  KEY(b, "job_id");
+  rw_put(b, rw_g.cfg.job_id_json);
+  KEY(b, "comm_id");
   put_hex64(b, c->comm_id);
-  kv_str(b, "comm_name", c->name);
+  KEY(b, "comm_name");
+  rw_put(b, c->name_json);
   kv_i64(b, "rank", c->rank);
   kv_i64(b, "n_ranks", c->nranks);
   kv_i64(b, "nnodes", c->nnodes);
@@ -305,8 +349,10 @@ void rw_json_stats(rw_buf *b, int64_t now, const char *reason) {
   state_head(b, "stats", now);
   kv_str(b, "reason", reason);
   kv_i64(b, "slots_total", rw_g.pool.nslots);
-  kv_i64(b, "slots_in_use", LD(&rw_g.pool.in_use));
-  kv_i64(b, "ops_started", (int64_t)LD(&s->ops_started));
+  /* Every accepted op is either still in a slot or already written. */
+  int64_t in_use = rw_pool_count_in_use(&rw_g.pool);
+  kv_i64(b, "slots_in_use", in_use);
+  kv_i64(b, "ops_started", (int64_t)LD(&s->records_written) + in_use);
   kv_i64(b, "records_written", (int64_t)LD(&s->records_written));
   kv_i64(b, "dropped_pool_full", (int64_t)LD(&s->dropped_pool_full));
   kv_i64(b, "filtered_min_size", (int64_t)LD(&s->filtered_min_size));
@@ -324,11 +370,11 @@ static void put_seq_tables(rw_buf *b, const rw_comm *c) {
     first = false;
     rw_put_json_str(b, rw_name_str(RW_NAME_FUNC, (uint8_t)f));
     rw_put(b, ":{\"enqueued\":");
-    rw_put_i64(b, LD(&c->seq[f].enqueued));
+    rw_put_i64(b, LD(&c->seq_enqueued[f]));
     rw_put(b, ",\"started\":");
-    rw_put_i64(b, LD(&c->seq[f].started));
+    rw_put_i64(b, LD(&c->seq_started[f]));
     rw_put(b, ",\"completed\":");
-    rw_put_i64(b, LD(&c->seq[f].completed));
+    rw_put_i64(b, LD(&c->seq_completed[f]));
     rw_put(b, "}");
   }
   rw_put(b, "},\"p2p\":{\"send_enqueued\":");
@@ -362,7 +408,7 @@ void rw_json_progress(rw_buf *b, const rw_comm *c, int64_t now, const char *reas
   comm_head(b, "progress", c, now);
   kv_str(b, "reason", reason);
   put_seq_tables(b, c);
-  kv_i64(b, "last_activity_ns", LD(&c->last_activity_ns));
+  kv_i64(b, "last_activity_ns", rw_comm_last_activity(c));
   kv_i64(b, "in_flight_count", (int64_t)total);
   rw_put(b, ",\"in_flight\":[");
   for (size_t i = 0; i < nops; i++) {

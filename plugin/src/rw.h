@@ -74,29 +74,35 @@ typedef struct {
   uint32_t pool_slots;
   char job_id[128];
   char hostname[256];
+  char job_id_json[128 * 6 + 3];   /* quoted and escaped once, for the writer */
+  char hostname_json[256 * 6 + 3];
 } rw_config;
 void rw_config_load(rw_config *cfg);
+void rw_json_quote(char *dst, size_t cap, const char *src); /* record.c */
 
 /* ---- communicators (comm.c) ---- */
-typedef struct {
-  _Atomic int64_t enqueued, started, completed; /* last sequence numbers, -1 none */
-} rw_seq_progress;
-
 typedef struct rw_comm {
   uint64_t comm_id;
   int rank, nranks, nnodes, device, abi;
   char name[128];
+  char name_json[128 * 6 + 3];    /* quoted and escaped once, for the writer */
   uint32_t gen, index;            /* generation and table index (for slots) */
   _Atomic int finalizing;         /* 1: finalize asked for a flush; 2: flushed */
   int64_t flushed_at_ns;          /* writer: freed a grace period after this */
   bool announced;                 /* writer: comm record written */
-  _Atomic int64_t active_slots;   /* slots still referring to this communicator */
-  rw_seq_progress seq[RW_NCOLL_FUNCS];
-  _Atomic uint64_t p2p_sn;        /* Inspector-style per-communicator P2P counter */
-  _Atomic uint64_t p2p_send_enq, p2p_recv_enq, p2p_send_done, p2p_recv_done;
   _Atomic uint32_t *peer_seq;     /* [2 * npeer_seq]: per peer, send then recv */
   uint32_t npeer_seq;
-  _Atomic int64_t last_activity_ns;
+  /* Last sequence numbers (-1: none) and counts, grouped by the thread that
+   * writes them so that the enqueuing and proxy threads never share a line. */
+  _Alignas(64) _Atomic int64_t seq_enqueued[RW_NCOLL_FUNCS]; /* enqueuing thread */
+  _Atomic int64_t last_enqueue_ns;
+  _Atomic uint64_t p2p_sn;        /* Inspector-style per-communicator P2P counter */
+  _Atomic uint64_t p2p_send_enq, p2p_recv_enq;
+  _Alignas(64) _Atomic int64_t seq_started[RW_NCOLL_FUNCS];  /* proxy thread */
+  _Atomic int64_t last_gpu_ns;
+  _Alignas(64) _Atomic int64_t seq_completed[RW_NCOLL_FUNCS]; /* writer */
+  _Atomic uint64_t p2p_send_done, p2p_recv_done;
+  int64_t inflight;               /* writer: ops in flight at the last scan */
   /* Writer-owned clock state: bounds on host CLOCK_REALTIME - GPU timer. */
   int64_t clk_lower_cur, clk_upper_cur, clk_lower_prev, clk_upper_prev;
   int64_t clk_window_start;
@@ -112,6 +118,7 @@ void *rw_comm_create(uint64_t comm_id, const char *name, int nnodes, int nranks,
                      int abi, int device);
 rw_comm *rw_comm_from_context(void *context);
 rw_comm *rw_comm_at(uint32_t index);    /* live or finalizing communicator, or NULL */
+int64_t rw_comm_last_activity(const rw_comm *c);
 void rw_comm_free(uint32_t index);      /* writer: after the final flush */
 
 /* ---- op slots (pool.c) ---- */
@@ -120,6 +127,7 @@ enum rw_op_kind { RW_OP_COLL = 1, RW_OP_P2P = 2 };
 enum { RW_F_GRAPH = 1, RW_F_GPU_EXPECTED = 2, RW_F_ENQ_STOPPED = 4, RW_F_FORCED = 8 };
 
 typedef struct rw_slot {
+  _Alignas(64) /* one slot never shares a cache line with its neighbour */
   _Atomic uint32_t gen;       /* bumped at every allocation: stale handles fail the check */
   _Atomic uint32_t next;      /* free-list / completed-stack link: index + 1, 0 ends */
   _Atomic uint32_t state;
@@ -144,8 +152,7 @@ typedef struct {
   rw_slot *slots;
   uint32_t nslots;
   _Atomic uint64_t free_head;  /* (tag << 32) | (index + 1) */
-  _Atomic uint32_t done_head;  /* completed stack, index + 1 */
-  _Atomic int64_t in_use;
+  _Alignas(64) _Atomic uint32_t done_head;  /* completed stack, index + 1 */
 } rw_pool;
 
 int rw_pool_init(rw_pool *p, uint32_t nslots);
@@ -154,10 +161,12 @@ rw_slot *rw_pool_take(rw_pool *p, uint32_t *index);  /* NULL when full */
 void rw_pool_release(rw_pool *p, uint32_t index);    /* writer only */
 void rw_pool_push_done(rw_pool *p, uint32_t index);
 uint32_t rw_pool_pop_all_done(rw_pool *p);           /* returns list head (index + 1) */
+int64_t rw_pool_count_in_use(rw_pool *p);            /* writer: a scan */
+bool rw_pool_refers_to(rw_pool *p, uint32_t comm);   /* writer: any live slot of comm? */
 
 /* ---- counters (reported in stats records) ---- */
 typedef struct {
-  _Atomic uint64_t ops_started, records_written, dropped_pool_full, filtered_min_size;
+  _Atomic uint64_t records_written, dropped_pool_full, filtered_min_size;
   _Atomic uint64_t stale_handles, write_errors, bytes_written;
 } rw_stats;
 

@@ -98,7 +98,7 @@ static void finish_finalized(int64_t now) {
       c->flushed_at_ns = now;
       ST(&c->finalizing, 2);
       any = true;
-    } else if (f == 2 && now - c->flushed_at_ns > 2000000000LL && LD(&c->active_slots) == 0) {
+    } else if (f == 2 && now - c->flushed_at_ns > 2000000000LL && !rw_pool_refers_to(&rw_g.pool, i)) {
       /* A grace period, in case a straggling callback still holds the pointer. */
       rw_comm_free(i);
     }
