@@ -47,10 +47,7 @@ static void init_comm(rw_comm *c, uint64_t comm_id, const char *name, int nnodes
     ST(&c->seq_started[f], -1);
     ST(&c->seq_completed[f], -1);
   }
-  c->clk_lower_cur = c->clk_lower_prev = INT64_MIN;
-  c->clk_upper_cur = c->clk_upper_prev = INT64_MAX;
-  c->clk_window_start = rw_now_ns();
-  ST(&c->last_enqueue_ns, c->clk_window_start);
+  ST(&c->last_enqueue_ns, rw_now_ns());
   /* Per-peer P2P order: bounded so a huge communicator cannot exhaust memory. */
   uint32_t npeer = nranks > 0 && nranks <= (1 << 20) ? (uint32_t)nranks : 0;
   c->peer_seq = npeer ? calloc(2 * (size_t)npeer, sizeof(*c->peer_seq)) : NULL;

@@ -34,46 +34,6 @@ static void snapshot(const rw_slot *s, rw_op *op) {
   op->gpu_timed = op->gpu_start_raw != 0 && op->gpu_end_raw >= op->gpu_start_raw;
 }
 
-/* ---- clock: bounds on (host CLOCK_REALTIME - GPU timer) ---- */
-
-static void fold_clock(rw_comm *c, const rw_slot *s, const rw_op *op) {
-  int64_t upper = LD(&s->clk_upper);
-  if (upper != INT64_MAX && upper < c->clk_upper_cur) c->clk_upper_cur = upper;
-  /* A kernel starts after the host launched it: launch happens after the API
-   * call returned, or, for graph replays, after NCCL's host callback ran. */
-  int64_t before = op->graph ? op->enq_start : op->api_end;
-  if (op->gpu_start_raw != 0 && before != 0) {
-    int64_t lower = before - op->gpu_start_raw;
-    if (lower > c->clk_lower_cur) c->clk_lower_cur = lower;
-  }
-  if (upper != INT64_MAX) c->clk_samples++;
-}
-
-static bool estimate(int64_t lo, int64_t up, int64_t *offset, int64_t *error) {
-  if (up == INT64_MAX) return false;
-  if (lo == INT64_MIN) {
-    *offset = up; /* only bounded above: report the bound, error unknown */
-    *error = -1;
-  } else if (lo <= up) {
-    *offset = lo + (up - lo) / 2;
-    *error = (up - lo) / 2;
-  } else {
-    *offset = up; /* inconsistent bounds (drift, overwritten GPU ring): say so */
-    *error = lo - up;
-  }
-  return true;
-}
-
-void rw_clock_update(rw_comm *c) {
-  int64_t lo = c->clk_lower_cur > c->clk_lower_prev ? c->clk_lower_cur : c->clk_lower_prev;
-  int64_t up = c->clk_upper_cur < c->clk_upper_prev ? c->clk_upper_cur : c->clk_upper_prev;
-  if (lo != INT64_MIN && up != INT64_MAX && lo > up) { /* drifted: trust this window only */
-    lo = c->clk_lower_cur;
-    up = c->clk_upper_cur;
-  }
-  c->clk_valid = estimate(lo, up, &c->clk_offset, &c->clk_error);
-}
-
 /* ---- bandwidth as NCCL Inspector and nccl-tests compute it ---- */
 
 static void bandwidth(const rw_comm *c, rw_op *op) {
@@ -92,10 +52,25 @@ static void bandwidth(const rw_comm *c, rw_op *op) {
   op->busbw_gbs = op->algbw_gbs * factor;
 }
 
-static void derive(rw_comm *c, rw_op *op) {
-  op->have_offset = c->clk_valid;
-  op->offset = c->clk_offset;
-  op->error = c->clk_error;
+/* NCCL sometimes reports a channel start that belongs to an earlier op (its
+ * per-channel GPU ring is read before the GPU wrote this op's entry): seen on
+ * NCCL 2.28.9 as GPU starts up to 225 ms before the application even called
+ * NCCL, and on CUDA-graph replays. Such a start cannot be used. */
+static bool stale_start(rw_comm *c, const rw_op *op) {
+  if (op->gpu_start_raw == 0 || !op->have_offset) return false;
+  int64_t start = op->gpu_start_raw + op->offset, slack = op->error > 0 ? op->error : 0;
+  if (!op->graph) return op->api_end != 0 && start + slack < op->api_end;
+  /* Replays have no host time before launch; ops on a communicator start in order. */
+  return op->gpu_start_raw < c->last_gpu_start_raw;
+}
+
+static void derive(rw_comm *c, const rw_clock *clk, rw_op *op) {
+  op->have_offset = clk->valid;
+  op->offset = clk->offset;
+  op->error = clk->error;
+  op->gpu_start_stale = stale_start(c, op);
+  if (op->gpu_start_stale) op->gpu_timed = false;
+  else if (op->gpu_start_raw > c->last_gpu_start_raw) c->last_gpu_start_raw = op->gpu_start_raw;
   if (op->gpu_timed) op->exec_ns = op->gpu_end_raw - op->gpu_start_raw;
   else op->exec_ns = op->enq_end > op->enq_start ? op->enq_end - op->enq_start : 0;
   bandwidth(c, op);
@@ -113,8 +88,24 @@ static void note_completion(rw_comm *c, const rw_op *op) {
     c->last_gpu_done_enq_ns = op->enq_start;
 }
 
-/* Formats one slot and gives it back. `complete` is false for ops flushed at
- * teardown or exit before NCCL reported their end. */
+/* Slots written in this pass, given back to the pool in one chain. */
+static uint32_t chain_first = UINT32_MAX, chain_last;
+
+static void chain_add(uint32_t index) {
+  rw_pool_retire(&rw_g.pool, index);
+  if (chain_first != UINT32_MAX) ST(&rw_g.pool.slots[index].next, chain_first + 1);
+  else chain_last = index;
+  chain_first = index;
+}
+
+void rw_release_written(void) {
+  if (chain_first == UINT32_MAX) return;
+  rw_pool_release_chain(&rw_g.pool, chain_first, chain_last);
+  chain_first = UINT32_MAX;
+}
+
+/* Formats one slot and queues it for release. `complete` is false for ops
+ * flushed at teardown or exit before NCCL reported their end. */
 static void write_slot(uint32_t index, bool complete, int64_t now) {
   rw_slot *s = &rw_g.pool.slots[index];
   rw_comm *c = rw_comm_at(LD(&s->comm));
@@ -123,22 +114,30 @@ static void write_slot(uint32_t index, bool complete, int64_t now) {
     snapshot(s, &op);
     bool expected = (LD(&s->flags) & RW_F_GPU_EXPECTED) != 0;
     op.complete = complete && (!expected || op.ch_stopped >= op.nchannels);
-    fold_clock(c, s, &op);
-    rw_clock_update(c);
-    derive(c, &op);
+    rw_clock *clk = rw_clock_of(c);
+    rw_clock_fold(clk, s, op.graph, op.api_end, op.gpu_start_raw);
+    rw_clock_update(clk);
+    derive(c, clk, &op);
     if (complete) note_completion(c, &op);
     rw_json_op(rw_writer_op_buf(), c, &op, now);
     if (rw_g.cfg.prom) rw_prom_account(c, &op);
     atomic_fetch_add_explicit(&rw_g.stats.records_written, 1, memory_order_relaxed);
   }
-  rw_pool_release(&rw_g.pool, index);
+  chain_add(index);
+}
+
+/* Takes one thread's completed stack and writes it oldest first. */
+static void drain_list(uint32_t head, uint32_t *scratch, int64_t now) {
+  uint32_t n = 0;
+  for (uint32_t i = head; i != 0 && n < rw_g.pool.nslots; i = LD(&rw_g.pool.slots[i - 1].next))
+    scratch[n++] = i - 1;
+  while (n > 0) write_slot(scratch[--n], true, now);
 }
 
 void rw_drain_completed(uint32_t *scratch, int64_t now) {
-  uint32_t head = rw_pool_pop_all_done(&rw_g.pool), n = 0;
-  for (uint32_t i = head; i != 0 && n < rw_g.pool.nslots; i = LD(&rw_g.pool.slots[i - 1].next))
-    scratch[n++] = i - 1;
-  while (n > 0) write_slot(scratch[--n], true, now); /* the stack is LIFO: oldest first */
+  for (rw_thread *t = rw_thread_first(); t != NULL; t = t->next)
+    drain_list(atomic_exchange_explicit(&t->done_head, 0u, memory_order_acquire), scratch, now);
+  rw_release_written();
 }
 
 static bool force_done(rw_slot *s) {
@@ -156,6 +155,7 @@ void rw_flush_inflight(rw_comm *c, int64_t now) {
     if (LD(&s->comm) != c->index || !force_done(s)) continue;
     write_slot(i, false, now);
   }
+  rw_release_written();
 }
 
 /* An op can wait for channel events that never come: with sampled GPU timing

@@ -17,18 +17,17 @@ typedef struct {
 } rw_api_entry;
 
 static rw_api_entry api_ring[RW_API_RING];
-static _Atomic uint64_t api_counter;
 
 static void *api_start(unsigned kind, bool graph_captured) {
   /* Graph-captured calls are only recorded, not run: their times mean nothing
    * for the replays, so the handle just carries the graph bit. */
-  if (graph_captured) return rw_handle_encode(kind, UINT32_MAX, 0, 0, 1);
-  uint64_t n = atomic_fetch_add_explicit(&api_counter, 1, memory_order_relaxed);
-  uint32_t idx = (uint32_t)(n & (RW_API_RING - 1));
-  uint32_t tag = (uint32_t)((n / RW_API_RING) & 0xffffff) | 1u; /* never 0 */
+  rw_thread *t;
+  if (graph_captured || (t = rw_thread_self()) == NULL)
+    return rw_handle_encode(kind, UINT32_MAX, 0, 0, 1);
+  uint32_t tag, idx = rw_thread_api_index(t, &tag);
   rw_api_entry *e = &api_ring[idx];
+  /* Only this thread writes its region; readers re-check the tag. */
   atomic_store_explicit(&e->tag, 0u, memory_order_relaxed);
-  atomic_thread_fence(memory_order_release);
   ST(&e->start, rw_now_ns());
   ST(&e->end, 0);
   atomic_store_explicit(&e->tag, tag, memory_order_release);
@@ -53,8 +52,7 @@ static bool parent_api_times(void *parent, int64_t *start, int64_t *end) {
   rw_api_entry *e = &api_ring[h.index];
   uint32_t t1 = atomic_load_explicit(&e->tag, memory_order_acquire);
   int64_t s = LD(&e->start), en = LD(&e->end);
-  atomic_thread_fence(memory_order_acquire);
-  if (t1 != h.gen || atomic_load_explicit(&e->tag, memory_order_relaxed) != h.gen) return false;
+  if (t1 != h.gen || atomic_load_explicit(&e->tag, memory_order_acquire) != h.gen) return false;
   *start = s;
   *end = en;
   return false;
@@ -93,7 +91,9 @@ void rw_complete(uint32_t index, rw_slot *s) {
   while (st == RW_SLOT_ENQUEUING || st == RW_SLOT_ENQUEUED) {
     if (atomic_compare_exchange_weak_explicit(&s->state, &st, RW_SLOT_DONE, memory_order_acq_rel,
                                               memory_order_acquire)) {
-      rw_pool_push_done(&rw_g.pool, index);
+      rw_thread *t = rw_thread_self();
+      if (t != NULL) rw_thread_push_done(t, index);
+      else rw_pool_retire(&rw_g.pool, index); /* cannot queue it: lose the record, not the slot */
       return;
     }
   }
@@ -112,7 +112,8 @@ typedef struct {
 } rw_op_fields;
 
 static rw_slot *take_slot(uint32_t *index) {
-  rw_slot *s = rw_pool_take(&rw_g.pool, index);
+  rw_thread *t = rw_thread_self();
+  rw_slot *s = t != NULL ? rw_thread_take_slot(t, index) : NULL;
   if (s == NULL) {
     atomic_fetch_add_explicit(&rw_g.stats.dropped_pool_full, 1, memory_order_relaxed);
     rw_warn_once(RW_WARN_POOL, "all %u op slots in use: ops are being dropped and counted "
@@ -210,18 +211,22 @@ static void start_kernel_ch(void **eHandle, void *parent, const rw_abi_kernel_ch
     if (parent != NULL) count_stale(); /* NULL: an op we chose not to record */
     return;
   }
-  int64_t now = rw_now_ns();
   int64_t t = (int64_t)d->pTimer;
   store_min(&s->gpu_start_raw, t);
-  store_min(&s->clk_upper, now - t);
-  atomic_fetch_add_explicit(&s->ch_started, 1, memory_order_relaxed);
-  atomic_fetch_or_explicit(&s->ch_mask, 1ULL << (d->channelId & 63), memory_order_relaxed);
-  rw_comm *c = rw_comm_at(LD(&s->comm));
-  uint8_t func = LD(&s->func);
-  if (c != NULL) {
-    ST(&c->last_gpu_ns, now);
-    if (LD(&s->kind) == RW_OP_COLL && func < RW_NCOLL_FUNCS)
-      store_max(&c->seq_started[func], (int64_t)LD(&s->seq));
+  if (rw_g.cfg.verbose)
+    atomic_fetch_or_explicit(&s->ch_mask, 1ULL << (d->channelId & 63), memory_order_relaxed);
+  /* The op's first channel does the per-op work: one clock read per op on the
+   * proxy thread (the clock bound needs only the earliest report). */
+  if (atomic_fetch_add_explicit(&s->ch_started, 1, memory_order_relaxed) == 0) {
+    int64_t now = rw_now_ns();
+    store_min(&s->clk_upper, now - t);
+    rw_comm *c = rw_comm_at(LD(&s->comm));
+    uint8_t func = LD(&s->func);
+    if (c != NULL) {
+      ST(&c->last_gpu_ns, now);
+      if (LD(&s->kind) == RW_OP_COLL && func < RW_NCOLL_FUNCS)
+        store_max(&c->seq_started[func], (int64_t)LD(&s->seq));
+    }
   }
   *eHandle = rw_handle_encode(RW_H_KCH, h.index, h.gen, d->channelId, 0);
 }
@@ -229,9 +234,7 @@ static void start_kernel_ch(void **eHandle, void *parent, const rw_abi_kernel_ch
 static void record_kernel_ch_stop(const rw_handle *h, const ncclProfilerEventStateArgs_v4_t *a) {
   rw_slot *s = slot_of(h);
   if (s == NULL || a == NULL) return;
-  int64_t t = (int64_t)a->kernelCh.pTimer;
-  store_max(&s->gpu_end_raw, t);
-  store_min(&s->clk_upper, rw_now_ns() - t);
+  store_max(&s->gpu_end_raw, (int64_t)a->kernelCh.pTimer);
 }
 
 static void stop_kernel_ch(const rw_handle *h) {

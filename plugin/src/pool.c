@@ -1,9 +1,9 @@
 /*
  * A fixed pool of op slots with a lock-free free list (a Treiber stack whose head
- * carries a tag against ABA) and a lock-free stack of completed slots that the
- * writer empties in one exchange. Taking and completing a slot are each one CAS;
- * nothing on this path allocates, locks or spins waiting for space: when the pool
- * is empty the op is counted as dropped.
+ * carries a tag against ABA). Threads take slots in batches into a private
+ * cache (thread.c) and the writer gives them back in chains, so the shared head
+ * is touched about once per 32 ops. Nothing here allocates, locks or waits for
+ * space: when the pool is empty the op is counted as dropped.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -17,7 +17,6 @@ int rw_pool_init(rw_pool *p, uint32_t nslots) {
   p->nslots = nslots;
   for (uint32_t i = 0; i < nslots; i++) ST(&p->slots[i].next, i + 2 <= nslots ? i + 2 : 0);
   ST(&p->free_head, (uint64_t)1);
-  ST(&p->done_head, 0u);
   return 0;
 }
 
@@ -27,47 +26,42 @@ void rw_pool_destroy(rw_pool *p) {
   p->nslots = 0;
 }
 
-rw_slot *rw_pool_take(rw_pool *p, uint32_t *index) {
+/* Pops up to `max` slots with one CAS: the head's tag changes on every
+ * successful CAS, so a walk over links that changed under us cannot succeed. */
+uint32_t rw_pool_take_batch(rw_pool *p, uint32_t *out, uint32_t max) {
   uint64_t head = atomic_load_explicit(&p->free_head, memory_order_acquire);
   for (;;) {
-    uint32_t top = (uint32_t)head;
-    if (top == 0) return NULL;
-    uint32_t next = LD(&p->slots[top - 1].next);
-    uint64_t desired = ((head >> 32) + 1) << 32 | next;
-    if (atomic_compare_exchange_weak_explicit(&p->free_head, &head, desired,
-                                              memory_order_acq_rel, memory_order_acquire)) {
-      *index = top - 1;
-      return &p->slots[top - 1];
+    uint32_t n = 0, top = (uint32_t)head;
+    while (top != 0 && n < max) {
+      out[n++] = top - 1;
+      top = LD(&p->slots[top - 1].next);
     }
+    if (n == 0) return 0;
+    uint64_t desired = ((head >> 32) + 1) << 32 | top;
+    if (atomic_compare_exchange_weak_explicit(&p->free_head, &head, desired,
+                                              memory_order_acq_rel, memory_order_acquire))
+      return n;
   }
 }
 
-void rw_pool_release(rw_pool *p, uint32_t index) {
+void rw_pool_retire(rw_pool *p, uint32_t index) {
   rw_slot *s = &p->slots[index];
   /* A new generation makes every handle still held by NCCL for this op stale. */
   atomic_fetch_add_explicit(&s->gen, 1, memory_order_relaxed);
   atomic_store_explicit(&s->state, RW_SLOT_FREE, memory_order_release);
+}
+
+/* Gives back a chain of retired slots, already linked first -> ... -> last
+ * through `next`, with one CAS. */
+void rw_pool_release_chain(rw_pool *p, uint32_t first, uint32_t last) {
   uint64_t head = atomic_load_explicit(&p->free_head, memory_order_acquire);
   for (;;) {
-    ST(&s->next, (uint32_t)head);
-    uint64_t desired = ((head >> 32) + 1) << 32 | (index + 1);
+    ST(&p->slots[last].next, (uint32_t)head);
+    uint64_t desired = ((head >> 32) + 1) << 32 | (first + 1);
     if (atomic_compare_exchange_weak_explicit(&p->free_head, &head, desired,
                                               memory_order_acq_rel, memory_order_acquire))
-      break;
+      return;
   }
-}
-
-void rw_pool_push_done(rw_pool *p, uint32_t index) {
-  rw_slot *s = &p->slots[index];
-  uint32_t head = atomic_load_explicit(&p->done_head, memory_order_relaxed);
-  do {
-    ST(&s->next, head);
-  } while (!atomic_compare_exchange_weak_explicit(&p->done_head, &head, index + 1,
-                                                  memory_order_release, memory_order_relaxed));
-}
-
-uint32_t rw_pool_pop_all_done(rw_pool *p) {
-  return atomic_exchange_explicit(&p->done_head, 0u, memory_order_acquire);
 }
 
 int64_t rw_pool_count_in_use(rw_pool *p) {

@@ -73,26 +73,20 @@ static void write_progress(rw_comm *c, int64_t now, const char *reason, size_t n
 void rw_write_comm_state(rw_comm *c, int64_t now, const char *reason) {
   size_t n = collect_inflight();
   write_progress(c, now, reason, n);
-  rw_clock_update(c);
+  rw_clock_update(rw_clock_of(c));
   rw_json_clock(rw_writer_state_buf(), c, now);
 }
 
-/* Every interval: progress and clock for each live communicator, then start a
- * new clock window (bounds from the previous window still count, so a quiet
- * interval keeps its estimate, while old samples cannot pin it against drift). */
+/* Every interval: progress and clock for each live communicator, then a new
+ * clock window (clock.c says why). */
 void rw_write_all_progress(int64_t now, const char *reason) {
   size_t n = collect_inflight();
   for (uint32_t i = 0; i < RW_MAX_COMMS; i++) {
     rw_comm *c = rw_comm_at(i);
     if (c == NULL || LD(&c->finalizing) != 0) continue;
     write_progress(c, now, reason, n);
-    rw_clock_update(c);
+    rw_clock_update(rw_clock_of(c));
     rw_json_clock(rw_writer_state_buf(), c, now);
-    c->clk_lower_prev = c->clk_lower_cur;
-    c->clk_upper_prev = c->clk_upper_cur;
-    c->clk_lower_cur = INT64_MIN;
-    c->clk_upper_cur = INT64_MAX;
-    c->clk_window_start = now;
-    c->clk_samples = 0;
   }
+  rw_clock_roll(now);
 }

@@ -220,7 +220,7 @@ static void put_times(rw_buf *b, const rw_op *op) {
   kv_opt(b, "enqueue_start_ns", op->enq_start != 0, op->enq_start);
   kv_opt(b, "enqueue_end_ns", op->enq_end != 0, op->enq_end);
   kv_i64(b, "arrival_ns", api ? op->api_start : op->enq_start);
-  bool gs = op->gpu_start_raw != 0 && op->have_offset;
+  bool gs = op->gpu_start_raw != 0 && op->have_offset && !op->gpu_start_stale;
   bool ge = op->gpu_end_raw != 0 && op->have_offset;
   kv_opt(b, "gpu_start_ns", gs, op->gpu_start_raw + op->offset);
   kv_opt(b, "gpu_end_ns", ge, op->gpu_end_raw + op->offset);
@@ -255,6 +255,7 @@ static void put_extension(rw_buf *b, const rw_comm *c, const rw_op *op) {
   kv_bool(b, "graph_captured", op->graph);
   put_times(b, op);
   kv_bool(b, "gpu_timed", op->gpu_timed);
+  kv_bool(b, "gpu_start_stale", op->gpu_start_stale);
   kv_i64(b, "channels_started", op->ch_started);
   kv_i64(b, "channels_stopped", op->ch_stopped);
   kv_bool(b, "complete", op->complete);
@@ -332,15 +333,16 @@ void rw_json_comm(rw_buf *b, const rw_comm *c, int64_t now) {
 }
 
 void rw_json_clock(rw_buf *b, const rw_comm *c, int64_t now) {
-  int64_t lo = c->clk_lower_cur > c->clk_lower_prev ? c->clk_lower_cur : c->clk_lower_prev;
-  int64_t up = c->clk_upper_cur < c->clk_upper_prev ? c->clk_upper_cur : c->clk_upper_prev;
+  const rw_clock *clk = rw_clock_of(c);
+  int64_t lo, up;
+  rw_clock_bounds(clk, &lo, &up);
   comm_head(b, "clock", c, now);
-  kv_opt(b, "offset_ns", c->clk_valid, c->clk_offset);
-  kv_opt(b, "error_ns", c->clk_valid && c->clk_error >= 0, c->clk_error);
+  kv_opt(b, "offset_ns", clk->valid, clk->offset);
+  kv_opt(b, "error_ns", clk->valid && clk->error >= 0, clk->error);
   kv_opt(b, "lower_ns", lo != INT64_MIN, lo);
   kv_opt(b, "upper_ns", up != INT64_MAX, up);
-  kv_i64(b, "samples", (int64_t)c->clk_samples);
-  kv_i64(b, "window_start_ns", c->clk_window_start);
+  kv_i64(b, "samples", (int64_t)clk->samples);
+  kv_i64(b, "window_start_ns", clk->window_start);
   rw_put(b, "}\n");
 }
 

@@ -27,6 +27,7 @@ typedef struct {
   uint16_t ch_started, ch_stopped;
   uint64_t ch_mask;
   bool graph, gpu_timed, complete;
+  bool gpu_start_stale; /* NCCL's channel start belongs to an earlier op */
   /* derived by the writer */
   int64_t offset, error; /* clock used; error < 0 = unbounded */
   bool have_offset;

@@ -103,12 +103,7 @@ typedef struct rw_comm {
   _Alignas(64) _Atomic int64_t seq_completed[RW_NCOLL_FUNCS]; /* writer */
   _Atomic uint64_t p2p_send_done, p2p_recv_done;
   int64_t inflight;               /* writer: ops in flight at the last scan */
-  /* Writer-owned clock state: bounds on host CLOCK_REALTIME - GPU timer. */
-  int64_t clk_lower_cur, clk_upper_cur, clk_lower_prev, clk_upper_prev;
-  int64_t clk_window_start;
-  uint64_t clk_samples;
-  int64_t clk_offset, clk_error;
-  bool clk_valid;
+  int64_t last_gpu_start_raw;     /* writer: latest plausible GPU start */
   int64_t last_gpu_done_enq_ns;   /* writer: latest enqueue of a completed GPU-timed op */
   struct rw_prom_agg *prom;       /* writer-owned Prometheus aggregates */
 } rw_comm;
@@ -127,42 +122,77 @@ enum rw_op_kind { RW_OP_COLL = 1, RW_OP_P2P = 2 };
 enum { RW_F_GRAPH = 1, RW_F_GPU_EXPECTED = 2, RW_F_ENQ_STOPPED = 4, RW_F_FORCED = 8 };
 
 typedef struct rw_slot {
-  _Alignas(64) /* one slot never shares a cache line with its neighbour */
-  _Atomic uint32_t gen;       /* bumped at every allocation: stale handles fail the check */
-  _Atomic uint32_t next;      /* free-list / completed-stack link: index + 1, 0 ends */
+  /* Line 0: everything kernel-channel events (proxy thread) read or write. */
+  _Alignas(64) _Atomic uint32_t gen; /* bumped at release: stale handles fail the check */
   _Atomic uint32_t state;
   _Atomic int32_t pending;    /* 1 for the enqueue stop + one per expected channel */
   _Atomic uint32_t flags;
   _Atomic uint32_t comm;      /* communicator table index */
-  _Atomic uint8_t kind, func, dtype, algo, proto, nchannels;
-  _Atomic int32_t root_or_peer;
+  _Atomic uint8_t kind, func, nchannels;
   _Atomic uint64_t seq;       /* coll: NCCL seqNumber; p2p: per (peer, direction) order */
-  _Atomic uint64_t p2p_sn;
-  _Atomic uint64_t count;
-  _Atomic int64_t api_start, api_end;  /* 0 = unknown */
-  _Atomic int64_t enq_start, enq_end;
   _Atomic int64_t gpu_start_raw;       /* min over channels, INT64_MAX none */
   _Atomic int64_t gpu_end_raw;         /* max over channels, INT64_MIN none */
   _Atomic int64_t clk_upper;           /* min (host report - GPU timestamp), INT64_MAX none */
   _Atomic uint16_t ch_started, ch_stopped;
-  _Atomic uint64_t ch_mask;            /* channels seen */
+  /* Line 1: written by the enqueuing thread, read by the writer. */
+  _Alignas(64) _Atomic uint32_t next; /* free-list / completed-stack link: index + 1 */
+  _Atomic uint8_t dtype, algo, proto;
+  _Atomic int32_t root_or_peer;
+  _Atomic uint64_t p2p_sn;
+  _Atomic uint64_t count;
+  _Atomic int64_t api_start, api_end;  /* 0 = unknown */
+  _Atomic int64_t enq_start, enq_end;
+  _Atomic uint64_t ch_mask;            /* channels seen (only with RANKWATCH_VERBOSE) */
 } rw_slot;
 
 typedef struct {
   rw_slot *slots;
   uint32_t nslots;
-  _Atomic uint64_t free_head;  /* (tag << 32) | (index + 1) */
-  _Alignas(64) _Atomic uint32_t done_head;  /* completed stack, index + 1 */
+  _Alignas(64) _Atomic uint64_t free_head;  /* (tag << 32) | (index + 1) */
 } rw_pool;
 
 int rw_pool_init(rw_pool *p, uint32_t nslots);
 void rw_pool_destroy(rw_pool *p);
-rw_slot *rw_pool_take(rw_pool *p, uint32_t *index);  /* NULL when full */
-void rw_pool_release(rw_pool *p, uint32_t index);    /* writer only */
-void rw_pool_push_done(rw_pool *p, uint32_t index);
-uint32_t rw_pool_pop_all_done(rw_pool *p);           /* returns list head (index + 1) */
+uint32_t rw_pool_take_batch(rw_pool *p, uint32_t *out, uint32_t max); /* lock-free */
+void rw_pool_retire(rw_pool *p, uint32_t index);     /* writer: new generation, state FREE */
+void rw_pool_release_chain(rw_pool *p, uint32_t first, uint32_t last); /* writer: one CAS */
 int64_t rw_pool_count_in_use(rw_pool *p);            /* writer: a scan */
 bool rw_pool_refers_to(rw_pool *p, uint32_t comm);   /* writer: any live slot of comm? */
+
+/* ---- clock (clock.c, writer only): host CLOCK_REALTIME minus GPU timer ----
+ * One per GPU, shared by every communicator of that GPU in this process. */
+typedef struct {
+  int64_t lower_cur, upper_cur, lower_prev, upper_prev; /* bounds, this and last window */
+  int64_t window_start;
+  uint64_t samples;
+  int64_t offset, error; /* error < 0: bounded on one side only */
+  bool valid;
+} rw_clock;
+rw_clock *rw_clock_of(const rw_comm *c);
+void rw_clock_fold(rw_clock *clk, const rw_slot *s, bool graph, int64_t api_end,
+                   int64_t gpu_start_raw);
+void rw_clock_update(rw_clock *clk);
+void rw_clock_roll(int64_t now); /* every interval: start a new window on every clock */
+void rw_clock_bounds(const rw_clock *clk, int64_t *lo, int64_t *up);
+
+/* ---- per-thread state (thread.c): what keeps NCCL's threads off shared lines ---- */
+#define RW_SLOT_CACHE 32
+typedef struct rw_thread {
+  /* Owner only. */
+  uint32_t cache[RW_SLOT_CACHE]; /* free slots taken from the pool in one batch */
+  uint32_t ncache;
+  uint32_t api_base, api_next;   /* this thread's region of the API timestamp ring */
+  uint32_t serial;
+  /* Owner pushes completed slots, the writer takes them all in one exchange. */
+  _Alignas(64) _Atomic uint32_t done_head;
+  struct rw_thread *next;        /* registry, never unlinked */
+} rw_thread;
+
+rw_thread *rw_thread_self(void);                  /* NULL if it cannot be created */
+rw_thread *rw_thread_first(void);                 /* writer: registry walk */
+rw_slot *rw_thread_take_slot(rw_thread *t, uint32_t *index);
+void rw_thread_push_done(rw_thread *t, uint32_t index);
+uint32_t rw_thread_api_index(rw_thread *t, uint32_t *tag);
 
 /* ---- counters (reported in stats records) ---- */
 typedef struct {

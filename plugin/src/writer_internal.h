@@ -14,7 +14,6 @@ void rw_writer_flush_buffers(void);
 void rw_drain_completed(uint32_t *scratch, int64_t now);
 void rw_flush_inflight(rw_comm *c, int64_t now); /* write in-flight ops as incomplete */
 void rw_sweep_superseded(int64_t now);
-void rw_clock_update(rw_comm *c);
 
 /* progress.c */
 int rw_inflight_init(void);

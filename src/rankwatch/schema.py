@@ -215,7 +215,20 @@ RANKWATCH: tuple[Field, ...] = _all_nullable(
         "ns",
         "gpu_end_ns - gpu_start_ns when GPU-timed, else enqueue_end_ns - enqueue_start_ns",
     ),
-    Field("gpu_timed", "bool", "", "kernel-channel timing was on for this op"),
+    Field(
+        "gpu_timed",
+        "bool",
+        "",
+        "GPU start and end of the op are known (kernel-channel timing was on and the start "
+        "was usable)",
+    ),
+    Field(
+        "gpu_start_stale",
+        "bool",
+        "",
+        "NCCL reported a channel start that belongs to an earlier op; gpu_start_ns is then "
+        "null and timing falls back to collective_cpu",
+    ),
     Field("channels_started", "int", "", "kernel channels seen starting"),
     Field("channels_stopped", "int", "", "kernel channels seen stopping"),
     Field(
@@ -305,18 +318,28 @@ CLOCK: tuple[Field, ...] = (
         "estimated host CLOCK_REALTIME minus GPU timer; null until bounded",
         nullable=True,
     ),
-    Field("error_ns", "int", "ns", "half-width of [lower_ns, upper_ns]"),
+    Field(
+        "error_ns",
+        "int",
+        "ns",
+        "half-width of [lower_ns, upper_ns]; null while only the upper bound is known",
+        nullable=True,
+    ),
     Field(
         "lower_ns",
         "int",
         "ns",
-        "greatest lower bound: max over ops of (host time before launch - GPU start)",
+        "greatest lower bound: max over ops of (host time before launch - GPU start); null "
+        "before the first GPU-timed op",
+        nullable=True,
     ),
     Field(
         "upper_ns",
         "int",
         "ns",
-        "least upper bound: min over kernel-channel events of (host report time - GPU timestamp)",
+        "least upper bound: min over kernel-channel events of (host report time - GPU "
+        "timestamp); null before the first channel event",
+        nullable=True,
     ),
     Field(
         "samples",
