@@ -4,6 +4,7 @@
  * Inspector's bandwidths, format, and give the slot back.
  */
 #include <math.h>
+#include <stdlib.h>
 
 #include "record.h"
 #include "rw.h"
@@ -60,8 +61,11 @@ static bool stale_start(rw_comm *c, const rw_op *op) {
   if (op->gpu_start_raw == 0 || !op->have_offset) return false;
   int64_t start = op->gpu_start_raw + op->offset, slack = op->error > 0 ? op->error : 0;
   if (!op->graph) return op->api_end != 0 && start + slack < op->api_end;
-  /* Replays have no host time before launch; ops on a communicator start in order. */
-  return op->gpu_start_raw < c->last_gpu_start_raw;
+  /* Replays have no host time before launch, but kernels on a communicator's
+   * stream run in order: a start before the previous op's end is stale, unless
+   * both ops ran in one kernel (coalesced: they share the start). */
+  return op->gpu_start_raw + 2000 < c->last_gpu_end_raw &&
+         op->gpu_start_raw != c->last_gpu_start_raw;
 }
 
 static void derive(rw_comm *c, const rw_clock *clk, rw_op *op) {
@@ -71,6 +75,7 @@ static void derive(rw_comm *c, const rw_clock *clk, rw_op *op) {
   op->gpu_start_stale = stale_start(c, op);
   if (op->gpu_start_stale) op->gpu_timed = false;
   else if (op->gpu_start_raw > c->last_gpu_start_raw) c->last_gpu_start_raw = op->gpu_start_raw;
+  if (op->gpu_end_raw > c->last_gpu_end_raw) c->last_gpu_end_raw = op->gpu_end_raw;
   if (op->gpu_timed) op->exec_ns = op->gpu_end_raw - op->gpu_start_raw;
   else op->exec_ns = op->enq_end > op->enq_start ? op->enq_end - op->enq_start : 0;
   bandwidth(c, op);
@@ -126,17 +131,28 @@ static void write_slot(uint32_t index, bool complete, int64_t now) {
   chain_add(index);
 }
 
-/* Takes one thread's completed stack and writes it oldest first. */
-static void drain_list(uint32_t head, uint32_t *scratch, int64_t now) {
-  uint32_t n = 0;
+static uint32_t collect_list(uint32_t head, uint32_t *scratch, uint32_t n) {
   for (uint32_t i = head; i != 0 && n < rw_g.pool.nslots; i = LD(&rw_g.pool.slots[i - 1].next))
     scratch[n++] = i - 1;
-  while (n > 0) write_slot(scratch[--n], true, now);
+  return n;
 }
 
+static int by_enqueue(const void *a, const void *b) {
+  int64_t x = LD(&rw_g.pool.slots[*(const uint32_t *)a].enq_start);
+  int64_t y = LD(&rw_g.pool.slots[*(const uint32_t *)b].enq_start);
+  return (x > y) - (x < y);
+}
+
+/* Takes every thread's completed stack and writes the ops in enqueue order,
+ * which per communicator is the order they ran on its stream (stale-start
+ * detection for graph replays relies on it). */
 void rw_drain_completed(uint32_t *scratch, int64_t now) {
+  uint32_t n = 0;
   for (rw_thread *t = rw_thread_first(); t != NULL; t = t->next)
-    drain_list(atomic_exchange_explicit(&t->done_head, 0u, memory_order_acquire), scratch, now);
+    n = collect_list(atomic_exchange_explicit(&t->done_head, 0u, memory_order_acquire), scratch,
+                     n);
+  qsort(scratch, n, sizeof(*scratch), by_enqueue);
+  for (uint32_t i = 0; i < n; i++) write_slot(scratch[i], true, now);
   rw_release_written();
 }
 

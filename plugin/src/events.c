@@ -181,7 +181,10 @@ static void start_coll(rw_comm *c, void **eHandle, void *parent, const rw_abi_co
                     .root_or_peer = d->root,
                     .seq = d->seqNumber,
                     .count = d->count};
-  if (f.func < RW_NCOLL_FUNCS) store_max(&c->seq_enqueued[f.func], (int64_t)f.seq);
+  /* One thread enqueues on a communicator at a time (NCCL requires it), so a
+   * plain compare-and-store is enough here. */
+  if (f.func < RW_NCOLL_FUNCS && (int64_t)f.seq > LD(&c->seq_enqueued[f.func]))
+    ST(&c->seq_enqueued[f.func], (int64_t)f.seq);
   start_op(c, eHandle, parent, &f, rw_now_ns());
 }
 
@@ -256,7 +259,6 @@ static void stop_op(const rw_handle *h) {
     return;
   }
   ST(&s->enq_end, rw_now_ns());
-  atomic_fetch_or_explicit(&s->flags, RW_F_ENQ_STOPPED, memory_order_relaxed);
   uint32_t st = RW_SLOT_ENQUEUING;
   atomic_compare_exchange_strong_explicit(&s->state, &st, RW_SLOT_ENQUEUED, memory_order_acq_rel,
                                           memory_order_relaxed);

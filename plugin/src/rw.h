@@ -104,6 +104,7 @@ typedef struct rw_comm {
   _Atomic uint64_t p2p_send_done, p2p_recv_done;
   int64_t inflight;               /* writer: ops in flight at the last scan */
   int64_t last_gpu_start_raw;     /* writer: latest plausible GPU start */
+  int64_t last_gpu_end_raw;       /* writer: latest GPU end */
   int64_t last_gpu_done_enq_ns;   /* writer: latest enqueue of a completed GPU-timed op */
   struct rw_prom_agg *prom;       /* writer-owned Prometheus aggregates */
 } rw_comm;
@@ -119,7 +120,7 @@ void rw_comm_free(uint32_t index);      /* writer: after the final flush */
 /* ---- op slots (pool.c) ---- */
 enum rw_slot_state { RW_SLOT_FREE = 0, RW_SLOT_ENQUEUING, RW_SLOT_ENQUEUED, RW_SLOT_DONE };
 enum rw_op_kind { RW_OP_COLL = 1, RW_OP_P2P = 2 };
-enum { RW_F_GRAPH = 1, RW_F_GPU_EXPECTED = 2, RW_F_ENQ_STOPPED = 4, RW_F_FORCED = 8 };
+enum { RW_F_GRAPH = 1, RW_F_GPU_EXPECTED = 2 };
 
 typedef struct rw_slot {
   /* Line 0: everything kernel-channel events (proxy thread) read or write. */
@@ -202,15 +203,17 @@ typedef struct {
 
 /* ---- process-global state (plugin.c) ---- */
 typedef struct {
-  rw_config cfg;
-  rw_pool pool;
-  rw_stats stats;
-  _Atomic(int *) mask_ptr;  /* NCCL's process-global activation mask */
-  int base_mask;            /* what we request, without KernelCh */
+  /* Read on every callback, written almost never: a line of its own, so the
+   * writer's counter updates below never evict it from NCCL threads' caches. */
+  _Alignas(64) bool ready;  /* global init succeeded */
   _Atomic int kch_on;       /* KernelCh currently requested */
-  ncclDebugLogger_t logfn;
+  int base_mask;            /* what we request, without KernelCh */
   int pid;
-  bool ready;               /* global init succeeded */
+  _Atomic(int *) mask_ptr;  /* NCCL's process-global activation mask */
+  ncclDebugLogger_t logfn;
+  rw_pool pool;
+  _Alignas(64) rw_stats stats;
+  _Alignas(64) rw_config cfg;
 } rw_global;
 extern rw_global rw_g;
 

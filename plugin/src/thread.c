@@ -42,7 +42,11 @@ rw_slot *rw_thread_take_slot(rw_thread *t, uint32_t *index) {
   if (t->ncache == 0) return NULL;
   *index = t->cache[--t->ncache];
   /* The writer touched these slots last: start fetching the next one now. */
-  if (t->ncache > 0) __builtin_prefetch(&rw_g.pool.slots[t->cache[t->ncache - 1]], 1, 3);
+  if (t->ncache > 0) {
+    const char *next = (const char *)&rw_g.pool.slots[t->cache[t->ncache - 1]];
+    __builtin_prefetch(next, 1, 3);
+    __builtin_prefetch(next + 64, 1, 3);
+  }
   return &rw_g.pool.slots[*index];
 }
 

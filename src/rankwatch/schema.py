@@ -196,13 +196,15 @@ RANKWATCH: tuple[Field, ...] = _all_nullable(
         "arrival_ns",
         "int",
         "ns",
-        "when this rank arrived at the op: api_start_ns when known, else enqueue_start_ns",
+        "when this rank arrived at the op: api_start_ns when known, else enqueue_start_ns "
+        "(for graph replays NCCL's host callback, which the replayed kernel does not wait for)",
     ),
     Field(
         "gpu_start_ns",
         "int",
         "ns",
-        "earliest kernel-channel start of the op on the GPU, converted to host time",
+        "earliest kernel-channel start of the op on the GPU, converted to host time; null "
+        "when unknown or stale",
     ),
     Field("gpu_end_ns", "int", "ns", "latest kernel-channel end, converted to host time"),
     Field("gpu_start_raw_ns", "int", "ns", "the same on the GPU timer, unconverted"),
