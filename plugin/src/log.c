@@ -10,7 +10,7 @@ static void emit(ncclDebugLogLevel level, const char *fmt, va_list ap) {
   char msg[512];
   vsnprintf(msg, sizeof msg, fmt, ap);
   ncclDebugLogger_t log = rw_g.logfn;
-  if (log) log(level, NCCL_PROFILE_SUBSYS, __FILE__, __LINE__, "rankwatch: %s", msg);
+  if (log) log(level, NCCL_PROFILE_SUBSYS, "rankwatch", __LINE__, "rankwatch: %s", msg);
 }
 
 void rw_warn_once(enum rw_warn_cause cause, const char *fmt, ...) {
