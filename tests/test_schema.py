@@ -30,6 +30,7 @@ def coll_record() -> dict[str, Any]:
                       "gpu_start_ns": 5, "gpu_end_ns": 12005, "gpu_start_raw_ns": 100,
                       "gpu_end_raw_ns": 12100, "clock_offset_ns": -95,
                       "clock_error_ns": 800, "exec_time_ns": 12000, "gpu_timed": True,
+                      "gpu_start_stale": False,
                       "channels_started": 2, "channels_stopped": 2, "complete": True},
     }  # fmt: skip
 
