@@ -122,6 +122,30 @@ EOF
   fi
   t_check=$((SECONDS - t_check))
 
+  step "CUDA-graph job wall time, with and without rankwatch (interleaved)"
+  # The PyTorch job above captures an all_reduce in a CUDA graph; with kernel
+  # timing on, NCCL adds a host callback to every replay and calls the plugin
+  # from the callback thread. The job must not take longer to run or exit.
+  local -a walls_none=() walls_rw=()
+  for r in 1 2 3; do
+    for cfg in none rankwatch; do
+      local -a penv=()
+      [[ $cfg == rankwatch ]] && penv=(NCCL_PROFILER_PLUGIN="$RW_SO" RANKWATCH_DUMP_DIR="$work/exit/$cfg-$r")
+      mkdir -p "$work/exit/exp-$cfg-$r"
+      local t0 t1
+      t0=$(date +%s%N)
+      timeout -k 10 120 env ${penv[@]+"${penv[@]}"} "${launcher[@]}" --standalone --nproc_per_node=2 \
+        "$here/torch_collectives.py" --graph-replays 50 --out "$work/exit/exp-$cfg-$r" \
+        >"$work/exit/$cfg-$r.log" 2>&1
+      local rc=$?
+      t1=$(date +%s%N)
+      local ms=$(( (t1 - t0) / 1000000 ))
+      echo "exit-time round $r $cfg rc=$rc wall_ms=$ms"
+      if [[ $cfg == none ]]; then walls_none+=("$ms"); else walls_rw+=("$ms"); fi
+    done
+  done
+  echo "exit-time wall ms: none=[${walls_none[*]}] rankwatch=[${walls_rw[*]}]" | tee "$work/exit/summary.txt"
+
   step "all_reduce latency sweep"
   t_sweep=$SECONDS
   local rounds="${SWEEP_ROUNDS:-}"
@@ -181,6 +205,7 @@ EOF
     grep -E "^record counts:" "$work/sweep/table.txt" 2>/dev/null
     echo
     sed -n '/^callback cost/,/^worst/p' "$work/cbcost/table.txt" 2>/dev/null
+    cat "$work/exit/summary.txt" 2>/dev/null
     echo "total ${SECONDS}s"
   } | tee "$OUT/summary.txt"
 }

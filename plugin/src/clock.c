@@ -39,7 +39,8 @@ static int64_t best_upper(const rw_clock *clk) {
 
 void rw_clock_fold(rw_clock *clk, const rw_slot *s, bool graph, int64_t api_end,
                    int64_t gpu_start_raw) {
-  int64_t upper = LD(&s->clk_upper);
+  int64_t report = LD(&s->kch_report);
+  int64_t upper = report ? rw_ticks_to_ns(report) - LD(&s->kch_ptimer) : INT64_MAX;
   if (upper != INT64_MAX) {
     if (upper < clk->upper_cur) clk->upper_cur = upper;
     clk->samples++;

@@ -47,7 +47,7 @@ static void init_comm(rw_comm *c, uint64_t comm_id, const char *name, int nnodes
     ST(&c->seq_started[f], -1);
     ST(&c->seq_completed[f], -1);
   }
-  ST(&c->last_enqueue_ns, rw_now_ns());
+  ST(&c->last_enqueue, rw_ticks());
   /* Per-peer P2P order: bounded so a huge communicator cannot exhaust memory. */
   uint32_t npeer = nranks > 0 && nranks <= (1 << 20) ? (uint32_t)nranks : 0;
   c->peer_seq = npeer ? calloc(2 * (size_t)npeer, sizeof(*c->peer_seq)) : NULL;
@@ -86,6 +86,6 @@ void rw_comm_free(uint32_t index) {
 }
 
 int64_t rw_comm_last_activity(const rw_comm *c) {
-  int64_t e = LD(&c->last_enqueue_ns), g = LD(&c->last_gpu_ns);
-  return e > g ? e : g;
+  int64_t e = LD(&c->last_enqueue), g = LD(&c->last_gpu);
+  return rw_ticks_to_ns(e > g ? e : g);
 }

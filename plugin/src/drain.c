@@ -21,10 +21,10 @@ static void snapshot(const rw_slot *s, rw_op *op) {
   op->seq = LD(&s->seq);
   op->p2p_sn = LD(&s->p2p_sn);
   op->count = LD(&s->count);
-  op->api_start = LD(&s->api_start);
-  op->api_end = LD(&s->api_end);
-  op->enq_start = LD(&s->enq_start);
-  op->enq_end = LD(&s->enq_end);
+  op->api_start = rw_ticks_to_ns(LD(&s->api_start));
+  op->api_end = rw_ticks_to_ns(LD(&s->api_end));
+  op->enq_start = rw_ticks_to_ns(LD(&s->enq_start));
+  op->enq_end = rw_ticks_to_ns(LD(&s->enq_end));
   int64_t gs = LD(&s->gpu_start_raw), ge = LD(&s->gpu_end_raw);
   op->gpu_start_raw = gs == INT64_MAX ? 0 : gs;
   op->gpu_end_raw = ge == INT64_MIN ? 0 : ge;
@@ -186,7 +186,7 @@ void rw_sweep_superseded(int64_t now) {
     rw_slot *s = &rw_g.pool.slots[i];
     if (atomic_load_explicit(&s->state, memory_order_acquire) != RW_SLOT_ENQUEUED) continue;
     rw_comm *c = rw_comm_at(LD(&s->comm));
-    int64_t enq_end = LD(&s->enq_end);
+    int64_t enq_end = rw_ticks_to_ns(LD(&s->enq_end));
     if (c == NULL || enq_end == 0 || now - enq_end < 2000000000LL) continue;
     if (c->last_gpu_done_enq_ns > enq_end) rw_complete(i, s);
   }

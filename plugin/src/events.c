@@ -28,7 +28,7 @@ static void *api_start(unsigned kind, bool graph_captured) {
   rw_api_entry *e = &api_ring[idx];
   /* Only this thread writes its region; readers re-check the tag. */
   atomic_store_explicit(&e->tag, 0u, memory_order_relaxed);
-  ST(&e->start, rw_now_ns());
+  ST(&e->start, rw_ticks());
   ST(&e->end, 0);
   atomic_store_explicit(&e->tag, tag, memory_order_release);
   return rw_handle_encode(kind, idx, tag, 0, 0);
@@ -37,7 +37,7 @@ static void *api_start(unsigned kind, bool graph_captured) {
 static void api_stop(const rw_handle *h) {
   if (h->graph || h->index >= RW_API_RING) return;
   rw_api_entry *e = &api_ring[h->index];
-  if (atomic_load_explicit(&e->tag, memory_order_acquire) == h->gen) ST(&e->end, rw_now_ns());
+  if (atomic_load_explicit(&e->tag, memory_order_acquire) == h->gen) ST(&e->end, rw_ticks());
 }
 
 /* Reads the API times behind a Coll/P2p parent handle (0 when unknown) and
@@ -132,7 +132,7 @@ static bool below_min_size(const rw_op_fields *f) {
 
 static void start_op(rw_comm *c, void **eHandle, void *parent, const rw_op_fields *f,
                      int64_t now) {
-  ST(&c->last_enqueue_ns, now);
+  ST(&c->last_enqueue, now);
   if (below_min_size(f)) return;
   uint32_t index;
   rw_slot *s = take_slot(&index);
@@ -160,7 +160,7 @@ static void start_op(rw_comm *c, void **eHandle, void *parent, const rw_op_field
   ST(&s->enq_end, 0);
   ST(&s->gpu_start_raw, INT64_MAX);
   ST(&s->gpu_end_raw, INT64_MIN);
-  ST(&s->clk_upper, INT64_MAX);
+  ST(&s->kch_report, 0);
   ST(&s->ch_started, 0);
   ST(&s->ch_stopped, 0);
   ST(&s->ch_mask, 0);
@@ -185,7 +185,7 @@ static void start_coll(rw_comm *c, void **eHandle, void *parent, const rw_abi_co
    * plain compare-and-store is enough here. */
   if (f.func < RW_NCOLL_FUNCS && (int64_t)f.seq > LD(&c->seq_enqueued[f.func]))
     ST(&c->seq_enqueued[f.func], (int64_t)f.seq);
-  start_op(c, eHandle, parent, &f, rw_now_ns());
+  start_op(c, eHandle, parent, &f, rw_ticks());
 }
 
 static void start_p2p(rw_comm *c, void **eHandle, void *parent, const rw_abi_p2p_t *d) {
@@ -202,7 +202,7 @@ static void start_p2p(rw_comm *c, void **eHandle, void *parent, const rw_abi_p2p
     f.seq = atomic_fetch_add_explicit(&c->peer_seq[2 * (uint32_t)d->peer + recv], 1,
                                       memory_order_relaxed);
   atomic_fetch_add_explicit(recv ? &c->p2p_recv_enq : &c->p2p_send_enq, 1, memory_order_relaxed);
-  start_op(c, eHandle, parent, &f, rw_now_ns());
+  start_op(c, eHandle, parent, &f, rw_ticks());
 }
 
 /* ---- KernelCh: GPU start/stop of one channel, from the proxy thread ---- */
@@ -221,12 +221,13 @@ static void start_kernel_ch(void **eHandle, void *parent, const rw_abi_kernel_ch
   /* The op's first channel does the per-op work: one clock read per op on the
    * proxy thread (the clock bound needs only the earliest report). */
   if (atomic_fetch_add_explicit(&s->ch_started, 1, memory_order_relaxed) == 0) {
-    int64_t now = rw_now_ns();
-    store_min(&s->clk_upper, now - t);
+    int64_t now = rw_ticks();
+    ST(&s->kch_ptimer, t);
+    ST(&s->kch_report, now);
     rw_comm *c = rw_comm_at(LD(&s->comm));
     uint8_t func = LD(&s->func);
     if (c != NULL) {
-      ST(&c->last_gpu_ns, now);
+      ST(&c->last_gpu, now);
       if (LD(&s->kind) == RW_OP_COLL && func < RW_NCOLL_FUNCS)
         store_max(&c->seq_started[func], (int64_t)LD(&s->seq));
     }
@@ -258,7 +259,7 @@ static void stop_op(const rw_handle *h) {
     count_stale();
     return;
   }
-  ST(&s->enq_end, rw_now_ns());
+  ST(&s->enq_end, rw_ticks());
   uint32_t st = RW_SLOT_ENQUEUING;
   atomic_compare_exchange_strong_explicit(&s->state, &st, RW_SLOT_ENQUEUED, memory_order_acq_rel,
                                           memory_order_relaxed);

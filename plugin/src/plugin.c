@@ -11,6 +11,7 @@
 #include <errno.h>
 #include <pthread.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -59,6 +60,8 @@ static bool global_init(ncclDebugLogger_t logfn) {
   }
   if (rw_pool_init(&rw_g.pool, rw_g.cfg.pool_slots) != 0) return false;
   rw_g.base_mask = ncclProfileColl | (rw_g.cfg.p2p ? ncclProfileP2p : 0);
+  rw_g.tsc = rw_ticks_choose_tsc(getenv("RANKWATCH_CLOCK"));
+  rw_ticks_calibrate();
   ST(&rw_g.kch_on, rw_g.cfg.gpu_timing == RW_GPU_ON);
   pin_library();
   if (rw_writer_start() != 0) {

@@ -37,7 +37,7 @@ static bool read_inflight(const rw_slot *s, rw_inflight_entry *e) {
   e->op.seq = LD(&s->seq);
   e->op.peer = LD(&s->root_or_peer);
   int64_t api = LD(&s->api_start);
-  e->op.arrival_ns = api ? api : LD(&s->enq_start);
+  e->op.arrival_ns = rw_ticks_to_ns(api ? api : LD(&s->enq_start));
   e->op.ch_started = LD(&s->ch_started);
   e->op.ch_stopped = LD(&s->ch_stopped);
   e->op.state = inflight_state(st, e->op.ch_started);

@@ -38,6 +38,13 @@ static inline int64_t rw_now_ns(void) {
   return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
 }
 
+/* ---- hot-path timestamps (ticks.c) ----
+ * NCCL's threads store rw_ticks(); only the writer converts them to ns. */
+static inline int64_t rw_ticks(void);
+bool rw_ticks_choose_tsc(const char *setting);
+void rw_ticks_calibrate(void);      /* writer: take a (ticks, realtime) pair */
+int64_t rw_ticks_to_ns(int64_t t);  /* writer: 0 stays 0 (unknown) */
+
 /* ---- names (names.c): NCCL's static strings interned to small ids ---- */
 enum rw_name_kind { RW_NAME_FUNC, RW_NAME_DTYPE, RW_NAME_ALGO, RW_NAME_PROTO };
 enum {
@@ -95,11 +102,11 @@ typedef struct rw_comm {
   /* Last sequence numbers (-1: none) and counts, grouped by the thread that
    * writes them so that the enqueuing and proxy threads never share a line. */
   _Alignas(64) _Atomic int64_t seq_enqueued[RW_NCOLL_FUNCS]; /* enqueuing thread */
-  _Atomic int64_t last_enqueue_ns;
+  _Atomic int64_t last_enqueue;   /* ticks */
   _Atomic uint64_t p2p_sn;        /* Inspector-style per-communicator P2P counter */
   _Atomic uint64_t p2p_send_enq, p2p_recv_enq;
   _Alignas(64) _Atomic int64_t seq_started[RW_NCOLL_FUNCS];  /* proxy thread */
-  _Atomic int64_t last_gpu_ns;
+  _Atomic int64_t last_gpu;       /* ticks */
   _Alignas(64) _Atomic int64_t seq_completed[RW_NCOLL_FUNCS]; /* writer */
   _Atomic uint64_t p2p_send_done, p2p_recv_done;
   int64_t inflight;               /* writer: ops in flight at the last scan */
@@ -133,7 +140,8 @@ typedef struct rw_slot {
   _Atomic uint64_t seq;       /* coll: NCCL seqNumber; p2p: per (peer, direction) order */
   _Atomic int64_t gpu_start_raw;       /* min over channels, INT64_MAX none */
   _Atomic int64_t gpu_end_raw;         /* max over channels, INT64_MIN none */
-  _Atomic int64_t clk_upper;           /* min (host report - GPU timestamp), INT64_MAX none */
+  _Atomic int64_t kch_report;          /* ticks when the first channel start was seen */
+  _Atomic int64_t kch_ptimer;          /* that channel's GPU start */
   _Atomic uint16_t ch_started, ch_stopped;
   /* Line 1: written by the enqueuing thread, read by the writer. */
   _Alignas(64) _Atomic uint32_t next; /* free-list / completed-stack link: index + 1 */
@@ -141,8 +149,8 @@ typedef struct rw_slot {
   _Atomic int32_t root_or_peer;
   _Atomic uint64_t p2p_sn;
   _Atomic uint64_t count;
-  _Atomic int64_t api_start, api_end;  /* 0 = unknown */
-  _Atomic int64_t enq_start, enq_end;
+  _Atomic int64_t api_start, api_end;  /* ticks, 0 = unknown */
+  _Atomic int64_t enq_start, enq_end;  /* ticks */
   _Atomic uint64_t ch_mask;            /* channels seen (only with RANKWATCH_VERBOSE) */
 } rw_slot;
 
@@ -206,6 +214,7 @@ typedef struct {
   /* Read on every callback, written almost never: a line of its own, so the
    * writer's counter updates below never evict it from NCCL threads' caches. */
   _Alignas(64) bool ready;  /* global init succeeded */
+  bool tsc;                 /* hot-path timestamps are TSC ticks (ticks.c) */
   _Atomic int kch_on;       /* KernelCh currently requested */
   int base_mask;            /* what we request, without KernelCh */
   int pid;
@@ -216,6 +225,13 @@ typedef struct {
   _Alignas(64) rw_config cfg;
 } rw_global;
 extern rw_global rw_g;
+
+static inline int64_t rw_ticks(void) {
+#if defined(__x86_64__)
+  if (rw_g.tsc) return (int64_t)__builtin_ia32_rdtsc();
+#endif
+  return rw_now_ns();
+}
 
 /* ---- events (events.c): the hot path ---- */
 void rw_start_event(void *context, void **eHandle, uint64_t type, void *parent, const void *u);

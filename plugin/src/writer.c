@@ -126,6 +126,7 @@ static int64_t next_wake(int64_t now) {
 }
 
 static void one_pass(void) {
+  rw_ticks_calibrate(); /* before converting anything written since the last pass */
   int64_t now = rw_now_ns();
   rw_writer_apply_mask(now);
   announce_comms(now);
@@ -139,6 +140,7 @@ static void one_pass(void) {
 }
 
 static void final_pass(void) {
+  rw_ticks_calibrate();
   int64_t now = rw_now_ns();
   announce_comms(now);
   rw_drain_completed(drain_scratch, now);
