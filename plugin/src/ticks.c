@@ -57,13 +57,30 @@ static rw_pair paired_read(void) {
   return best;
 }
 
-void rw_ticks_calibrate(void) {
-  if (!rw_g.tsc) return;
-  rw_pair p = paired_read();
-  if (ncalib && p.ticks <= calib[(head + RW_CALIB - 1) % RW_CALIB].ticks) return;
+/* Pairs closer than this would make slopes from two reads' noise (~30 ns). */
+#define RW_CALIB_SPACING_NS 10000000LL
+
+static void append(rw_pair p) {
   calib[head] = p;
   head = (head + 1) % RW_CALIB;
   if (ncalib < RW_CALIB) ncalib++;
+}
+
+void rw_ticks_calibrate(void) {
+  if (!rw_g.tsc) return;
+  rw_pair p = paired_read();
+  if (ncalib == 0) {
+    /* At global init: a first slope from two pairs 2 ms apart (about 30 ppm),
+     * good enough until the writer's pairs 10 ms apart take over. */
+    append(p);
+    int64_t until = p.ns + 2000000;
+    while (rw_now_ns() < until) {
+    }
+    append(paired_read());
+    return;
+  }
+  const rw_pair *last = &calib[(head + RW_CALIB - 1) % RW_CALIB];
+  if (p.ticks > last->ticks && p.ns - last->ns >= RW_CALIB_SPACING_NS) append(p);
 }
 
 static const rw_pair *pair_at(uint32_t i) { /* i = 0 is the oldest */
@@ -76,9 +93,7 @@ static int64_t interpolate(const rw_pair *a, const rw_pair *b, int64_t t) {
 }
 
 int64_t rw_ticks_to_ns(int64_t t) {
-  if (!rw_g.tsc || t == 0) return t;
-  if (ncalib < 2) rw_ticks_calibrate();
-  if (ncalib < 2) return pair_at(0)->ns + (t - pair_at(0)->ticks) / 3; /* ~3 GHz guess */
+  if (!rw_g.tsc || t == 0 || ncalib < 2) return t;
   uint32_t lo = 0, hi = ncalib - 1;
   if (t <= pair_at(0)->ticks) return interpolate(pair_at(0), pair_at(1), t);
   if (t >= pair_at(hi)->ticks) return interpolate(pair_at(hi - 1), pair_at(hi), t);
