@@ -13,7 +13,9 @@
 
 #define RW_API_REGION 256
 
-static _Thread_local rw_thread *self;
+/* initial-exec: one instruction instead of a __tls_get_addr call per access.
+ * glibc reserves static TLS space for dlopened libraries; 8 bytes fit. */
+static _Thread_local rw_thread *self __attribute__((tls_model("initial-exec")));
 static _Atomic(rw_thread *) registry;
 static _Atomic uint32_t serials;
 
