@@ -20,6 +20,9 @@ SUBCOMMANDS: tuple[str, ...] = (
     "run",
     "env",
     "plugin_path",
+    "analyze",
+    "simulate",
+    "demo",
 )
 
 

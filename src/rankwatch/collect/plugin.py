@@ -10,6 +10,7 @@ from rankwatch import __version__
 from rankwatch.errors import PluginNotFoundError
 
 PLUGIN_FILENAME = "libnccl-profiler-rankwatch.so"
+DRIVER_FILENAME = "rankwatch-fake-nccl"
 
 _REBUILD_HINT = (
     "the package was installed without its compiled plugin; rebuild it with "
@@ -24,20 +25,29 @@ def plugin_path() -> pathlib.Path:
     NCCL_PROFILER_PLUGIN accepts this full path, so the plugin never has to be
     on LD_LIBRARY_PATH. Raises PluginNotFoundError if the build did not install it.
     """
-    expected = _packaged_path()
-    for candidate in (expected, *_recorded_paths()):
+    return _installed(PLUGIN_FILENAME, "profiler plugin")
+
+
+def driver_path() -> pathlib.Path:
+    """Absolute path of the fake NCCL driver built with the plugin (for the demo)."""
+    return _installed(DRIVER_FILENAME, "fake NCCL driver")
+
+
+def _installed(filename: str, what: str) -> pathlib.Path:
+    expected = _packaged_path(filename)
+    for candidate in (expected, *_recorded_paths(filename)):
         if candidate.is_file():
             return candidate.resolve()
-    raise PluginNotFoundError(f"profiler plugin not found: {_REBUILD_HINT}", file=expected)
+    raise PluginNotFoundError(f"{what} not found: {_REBUILD_HINT}", file=expected)
 
 
-def _packaged_path() -> pathlib.Path:
+def _packaged_path(filename: str) -> pathlib.Path:
     # A wheel is installed unpacked, so the resource is a real file on disk;
     # anything else (a zip import) could not be dlopen'ed by NCCL anyway.
-    return pathlib.Path(str(resources.files("rankwatch").joinpath("_lib", PLUGIN_FILENAME)))
+    return pathlib.Path(str(resources.files("rankwatch").joinpath("_lib", filename)))
 
 
-def _recorded_paths() -> Iterator[pathlib.Path]:
+def _recorded_paths(filename: str) -> Iterator[pathlib.Path]:
     # Editable installs import the Python sources from the checkout while CMake
     # installs the plugin into site-packages; the distribution's RECORD says
     # where. Imported lazily: a regular install never needs it.
@@ -50,5 +60,5 @@ def _recorded_paths() -> Iterator[pathlib.Path]:
     if dist.version != __version__:
         return  # another rankwatch is installed; its plugin is not ours
     for file in dist.files or ():
-        if file.name == PLUGIN_FILENAME:
+        if file.name == filename:
             yield pathlib.Path(str(file.locate()))
