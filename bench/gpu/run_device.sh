@@ -84,6 +84,13 @@ EOF
   else
     echo "skipped: no rankwatch plugin"
   fi
+  if [[ -n "${RW_SO:-}" ]]; then
+    gcc -O2 -std=gnu11 -I"$root/plugin/abi" "$bench/callback_steady.c" -o "$work/build/callback_steady" -ldl &&
+      for r in 1 2 3; do
+        echo "callback_steady round $r: rankwatch $(RANKWATCH_DUMP_DIR="$work/cbsteady-$r" "$work/build/callback_steady" "$RW_SO" 20000 7)" \
+          "null $("$work/build/callback_steady" "$NULL_SO" 20000 7)"
+      done | tee "$work/cbcost/steady.txt"
+  fi
   t_cb=$((SECONDS - t_cb))
 
   step "torch_collectives.py under torchrun, rankwatch loaded"
@@ -121,6 +128,24 @@ EOF
     echo "skipped: torch_collectives.py wrote no expected-rank*.json"
   fi
   t_check=$((SECONDS - t_check))
+
+  step "rankwatch run -- torchrun (the installed wheel's plugin, as a user runs it)"
+  # Carried wheels (.whl/ at the repository root): rankwatch built on the CI-like
+  # machine, and click. The plugin inside is the one pip users get.
+  if compgen -G "$root/.whl/rankwatch-*.whl" >/dev/null; then
+    mkdir -p "$work/rwrun/expected"
+    "$PYTHON" -m pip install -q --no-index --no-deps --target "$work/site" "$root"/.whl/*.whl &&
+      PYTHONPATH="$work/site" "$PYTHON" -m rankwatch plugin-path &&
+      PYTHONPATH="$work/site" timeout -k 10 300 "$PYTHON" -m rankwatch run --dump-dir "$work/rwrun/dump" -- \
+        "${launcher[@]}" --standalone --nproc_per_node=2 "$here/torch_collectives.py" \
+        --out "$work/rwrun/expected" >"$work/rwrun.log" 2>&1
+    echo "rankwatch run rc=$?"; tail -n 3 "$work/rwrun.log"
+    "$PYTHON" "$here/check_records.py" --dump "$work/rwrun/dump" --expected "$work/rwrun/expected" \
+      >"$work/rwrun/check.txt" 2>&1
+    echo "check_records on the rankwatch run: rc=$?"; grep -E "^summary:| FAIL *$" "$work/rwrun/check.txt" | head
+  else
+    echo "skipped: no wheels carried in .whl/"
+  fi
 
   step "CUDA-graph job wall time, with and without rankwatch (interleaved)"
   # The PyTorch job above captures an all_reduce in a CUDA graph; with kernel
@@ -206,6 +231,8 @@ EOF
     echo
     sed -n '/^callback cost/,/^worst/p' "$work/cbcost/table.txt" 2>/dev/null
     cat "$work/exit/summary.txt" 2>/dev/null
+    grep -E "^summary:" "$work/rwrun/check.txt" 2>/dev/null | sed 's/^/rankwatch run check: /'
+    cat "$work/cbcost/steady.txt" 2>/dev/null
     echo "total ${SECONDS}s"
   } | tee "$OUT/summary.txt"
 }
