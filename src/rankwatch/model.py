@@ -63,8 +63,8 @@ class Run:
         return self.con.sql(query, params=params)
 
     def count(self, name: str) -> int:
-        row = self.con.sql(f"SELECT count(*) FROM {self.table(name)}").fetchone()
-        return int(row[0]) if row else 0
+        rows = self.con.execute(f"SELECT count(*) FROM {self.table(name)}").fetchall()
+        return int(rows[0][0])
 
 
 @dataclass(frozen=True)

@@ -18,14 +18,30 @@ SRC_DIR = str(Path(rankwatch.__file__).resolve().parents[1])
 
 # Small but complete jobs: 16 ranks on 2 hosts with TP, PP and DP communicators.
 JOBS: dict[str, SimConfig] = {
-    "plain": SimConfig(ranks=16, hosts=2, steps=60, tp=2, pp=2, seed=1,
-                       clock_offset_us=3000, drift_ppm=5),
-    "slow_host": SimConfig(ranks=8, hosts=2, steps=80, seed=2, clock_offset_us=5000,
-                           drift_ppm=10, slow=SlowFault(5, 40, "host", 3000)),
-    "slow_gpu": SimConfig(ranks=8, hosts=2, steps=80, seed=3, clock_offset_us=5000,
-                          drift_ppm=10, slow=SlowFault(2, 40, "gpu", 3000)),
-    "clocks": SimConfig(ranks=32, hosts=16, steps=400, seed=4, clock_offset_us=5000,
-                        drift_ppm=10, dp_buckets=2),
+    "plain": SimConfig(
+        ranks=16, hosts=2, steps=60, tp=2, pp=2, seed=1, clock_offset_us=3000, drift_ppm=5
+    ),
+    "slow_host": SimConfig(
+        ranks=8,
+        hosts=2,
+        steps=80,
+        seed=2,
+        clock_offset_us=5000,
+        drift_ppm=10,
+        slow=SlowFault(5, 40, "host", 3000),
+    ),
+    "slow_gpu": SimConfig(
+        ranks=8,
+        hosts=2,
+        steps=80,
+        seed=3,
+        clock_offset_us=5000,
+        drift_ppm=10,
+        slow=SlowFault(2, 40, "gpu", 3000),
+    ),
+    "clocks": SimConfig(
+        ranks=32, hosts=16, steps=400, seed=4, clock_offset_us=5000, drift_ppm=10, dp_buckets=2
+    ),
     "hang": SimConfig(ranks=8, hosts=2, steps=40, tp=2, seed=5, hang=HangFault(3, 20)),
     "desync": SimConfig(ranks=8, hosts=1, steps=30, seed=6, desync=DesyncFault(6, 10, "size")),
 }
@@ -39,8 +55,15 @@ def run_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[
     """`python -m rankwatch ARGS` as a user runs it (works installed or from src/)."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [SRC_DIR, env.get("PYTHONPATH")]))
-    return subprocess.run([sys.executable, "-m", "rankwatch", *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=300, check=False)
+    return subprocess.run(
+        [sys.executable, "-m", "rankwatch", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
 
 
 def write_lines(path: Path, lines: list[str], final_newline: bool = True) -> Path:
@@ -103,7 +126,12 @@ def rccl_dump_stats(rank: int) -> str:
     del rec["coll_perf"]
     rec["header"]["rank"] = rank
     rec["metadata"]["pid"] += rank
-    rec["dump_stats"] = {"coll_records": 3, "coll_dropped_total": 1,
-                         "coll_dropped_since_last_dump": 1, "p2p_records": 2,
-                         "p2p_dropped_total": 0, "p2p_dropped_since_last_dump": 0}
+    rec["dump_stats"] = {
+        "coll_records": 3,
+        "coll_dropped_total": 1,
+        "coll_dropped_since_last_dump": 1,
+        "p2p_records": 2,
+        "p2p_dropped_total": 0,
+        "p2p_dropped_since_last_dump": 0,
+    }
     return json.dumps(rec)

@@ -20,15 +20,18 @@ def aligned(directory):
 def rows(run, sql: str, params=None) -> list[dict]:
     cursor = run.con.execute(sql, params or [])
     names = [d[0] for d in cursor.description]
-    return [dict(zip(names, r)) for r in cursor.fetchall()]
+    return [dict(zip(names, r, strict=True)) for r in cursor.fetchall()]
 
 
 def affected_collectives(run, fault: dict, first_op_only: bool = False) -> list[dict]:
     """Collectives on the comm a slow-rank fault hits first, from the fault's start on
     (only the first op of each step with first_op_only)."""
     first = fault["first_affected_op"]
-    hit = rows(run, "SELECT * FROM collectives WHERE comm_id = ? AND func = ? AND seq >= ? "
-                    "ORDER BY seq", [first["comm_id"], first["func"], first["seq"]])
+    hit = rows(
+        run,
+        "SELECT * FROM collectives WHERE comm_id = ? AND func = ? AND seq >= ? ORDER BY seq",
+        [first["comm_id"], first["func"], first["seq"]],
+    )
     if first_op_only:
         step = first["seqs_per_step"]
         hit = [c for c in hit if c["seq"] % step == first["seq"] % step]
@@ -42,14 +45,14 @@ def test_processes_map_to_their_rank_in_the_world_communicator(sim) -> None:
     # When aligned
     run, _ = aligned(directory)
     # Then every process has the world rank the simulation gave it
-    got = {(r["host"], r["pid"]): r["world_rank"]
-           for r in rows(run, "SELECT * FROM processes")}
+    got = {(r["host"], r["pid"]): r["world_rank"] for r in rows(run, "SELECT * FROM processes")}
     assert got == expected
     # And rank_map relates the ranks of every communicator through (host, pid)
     comms = truth(directory)["communicators"]
     tp0 = next(c for c in comms if c["name"] == "TP Group 0")
-    mapped = rows(run, "SELECT rank, world_rank FROM rank_map WHERE comm_id = ? ORDER BY rank",
-                  [tp0["id"]])
+    mapped = rows(
+        run, "SELECT rank, world_rank FROM rank_map WHERE comm_id = ? ORDER BY rank", [tp0["id"]]
+    )
     assert [m["world_rank"] for m in mapped] == tp0["ranks"]
 
 
@@ -63,12 +66,13 @@ def test_a_late_host_is_the_last_arriver_with_the_injected_lateness(sim) -> None
     # Then rank 5 arrives last at the collectives it is late for, by about 3000 us
     last = [c["last_world_rank"] for c in hit]
     assert last.count(fault["rank"]) >= 0.95 * len(hit)
-    lag = statistics.median(c["last_lag_ns"] for c in hit if c["last_world_rank"] == 5)
+    lag = statistics.median(c["last_vs_median_ns"] for c in hit if c["last_world_rank"] == 5)
     assert lag == pytest.approx(fault["slow_us"] * 1e3, rel=0.1)
     assert all(c["lag_significant"] for c in hit if c["last_world_rank"] == 5)
     # And it tops the per-rank lateness table
-    top = rows(run, "SELECT world_rank FROM rank_lateness ORDER BY arrival_lag_caused_ns DESC "
-                    "LIMIT 1")
+    top = rows(
+        run, "SELECT world_rank FROM rank_lateness ORDER BY arrival_lag_caused_ns DESC LIMIT 1"
+    )
     assert top[0]["world_rank"] == fault["rank"]
 
 
@@ -79,14 +83,17 @@ def test_a_slow_gpu_starts_last_while_calling_on_time(sim) -> None:
     # When aligned
     run, _ = aligned(directory)
     hit = affected_collectives(run, fault, first_op_only=True)
-    # Then rank 2 is the last GPU starter there, by about 3000 us...
+    # Then rank 2 is the last GPU starter there, about 3000 us behind the median...
     assert [c["last_gpu_world_rank"] for c in hit].count(fault["rank"]) >= 0.95 * len(hit)
-    lag = statistics.median(c["last_gpu_lag_ns"] for c in hit)
+    lag = statistics.median(c["last_gpu_vs_median_ns"] for c in hit)
     assert lag == pytest.approx(fault["slow_us"] * 1e3, rel=0.1)
     # ...while its API calls are not late
-    calls = rows(run, "SELECT avg(arrival_lag_ns) AS lag FROM collective_ranks "
-                      "WHERE world_rank = ? AND comm_key = ? AND seq >= ?",
-                 [fault["rank"], hit[0]["comm_key"], hit[0]["seq"]])
+    calls = rows(
+        run,
+        "SELECT avg(arrival_lag_ns) AS lag FROM collective_ranks "
+        "WHERE world_rank = ? AND comm_key = ? AND seq >= ?",
+        [fault["rank"], hit[0]["comm_key"], hit[0]["seq"]],
+    )
     assert abs(calls[0]["lag"]) < 0.1 * fault["slow_us"] * 1e3
 
 
@@ -98,8 +105,8 @@ def test_transfer_time_and_bus_bandwidth_follow_the_nccl_tests_factors(sim) -> N
         n = c["n_ranks"]
         factor = {"AllReduce": 2 * (n - 1) / n}.get(c["func"], 1.0)
         assert c["busbw_gbs"] == pytest.approx(c["msg_bytes"] / c["transfer_ns"] * factor)
-        # and the transfer time is never longer than any rank's own duration
-        assert c["transfer_ns"] <= c["min_duration"] or c["transfer_method"] == "min_duration"
+        # and the transfer time is never longer than any rank's own duration (+ rounding)
+        assert c["transfer_ns"] <= c["min_duration"] + 2
 
 
 def test_sends_meet_their_receives(sim) -> None:
@@ -117,9 +124,11 @@ def test_sends_meet_their_receives(sim) -> None:
 def test_inspector_records_align_too(tmp_path) -> None:
     # Given Inspector logs of two ranks on one host (no rankwatch block)
     for rank in (0, 1):
-        write_lines(tmp_path / f"example-hostname-pid{1639453 + rank}.log",
-                    [inspector_coll(rank, sn, verbose=True) for sn in range(4)]
-                    + [inspector_p2p(rank, 4, "Send" if rank == 0 else "Recv", 1 - rank)])
+        write_lines(
+            tmp_path / f"example-hostname-pid{1639453 + rank}.log",
+            [inspector_coll(rank, sn, verbose=True) for sn in range(4)]
+            + [inspector_p2p(rank, 4, "Send" if rank == 0 else "Recv", 1 - rank)],
+        )
     # When aligned
     run, clock = aligned(tmp_path)
     # Then the collectives are matched by (comm, func, seq) across the two ranks

@@ -41,8 +41,12 @@ def test_simulated_records_load_with_counts_matching_the_truth(sim) -> None:
     assert count(store, "ops") == expected["ops"]
     assert count(store, "ops", "kind = 'coll'") == expected["coll"]
     assert count(store, "ops", "kind = 'p2p'") == expected["p2p"]
-    for table, kind in (("comms", "comm"), ("progress", "progress"), ("clock", "clock"),
-                        ("stats", "stats")):
+    for table, kind in (
+        ("comms", "comm"),
+        ("progress", "progress"),
+        ("clock", "clock"),
+        ("stats", "stats"),
+    ):
         assert count(store, table) == expected["state"][kind], table
     assert store.problems == []
     assert count(store, "files") == expected["files"]
@@ -58,18 +62,35 @@ def test_ops_columns_carry_the_record_fields(sim) -> None:
     store = ingest([directory], progress=False)
     cursor = store.con.execute(
         "SELECT * FROM ops WHERE host = ? AND pid = ? AND comm_id = ? AND func = ? AND seq = ?",
-        [line["metadata"]["hostname"], line["metadata"]["pid"], line["header"]["id"],
-         ext["func"], ext["seq"]])
+        [
+            line["metadata"]["hostname"],
+            line["metadata"]["pid"],
+            line["header"]["id"],
+            ext["func"],
+            ext["seq"],
+        ],
+    )
     names = [d[0] for d in cursor.description]
-    rows = [dict(zip(names, r)) for r in cursor.fetchall()]
+    rows = [dict(zip(names, r, strict=True)) for r in cursor.fetchall()]
     # Then its flat row holds the same values
     assert len(rows) == 1
     row = rows[0]
     assert row["comm_key"] == "0x" + row["comm_id"][2:].lstrip("0")[:14]
     assert (row["rank"], row["n_ranks"], row["kind"], row["source_format"]) == (
-        line["header"]["rank"], line["header"]["n_ranks"], ext["kind"], "rankwatch")
-    for column in ("arrival_ns", "gpu_start_ns", "gpu_end_ns", "api_start_ns", "count",
-                   "clock_error_ns", "exec_time_ns"):
+        line["header"]["rank"],
+        line["header"]["n_ranks"],
+        ext["kind"],
+        "rankwatch",
+    )
+    for column in (
+        "arrival_ns",
+        "gpu_start_ns",
+        "gpu_end_ns",
+        "api_start_ns",
+        "count",
+        "clock_error_ns",
+        "exec_time_ns",
+    ):
         assert row[column] == ext[column], column
     assert row["msg_bytes"] == ext["msg_size_bytes"]
     assert row["busbw_gbs"] == pytest.approx(line["coll_perf"]["coll_busbw_gbs"])
@@ -79,15 +100,19 @@ def test_damaged_lines_are_each_reported_once_and_the_rest_loads(sim, tmp_path) 
     # Given op files with a malformed middle line, a truncated last line, wrongly
     # typed fields, and a gzip-compressed copy of good lines
     good = first_op_lines(sim("plain"), 30)
-    damaged = write_lines(tmp_path / "run/node-a-pid1.log",
-                          good[:10] + ['{"header": {"id": oops'] + good[10:20] + [good[20][:80]],
-                          final_newline=False)
+    damaged = write_lines(
+        tmp_path / "run/node-a-pid1.log",
+        good[:10] + ['{"header": {"id": oops'] + good[10:20] + [good[20][:80]],
+        final_newline=False,
+    )
     wrong = json.loads(good[0])
     wrong["rankwatch"]["api_start_ns"] = "soon"
     key_wrong = json.loads(good[1])
     key_wrong["header"]["rank"] = "three"
-    typed = write_lines(tmp_path / "run/deeper/node-b-pid2.log",
-                        good[2:5] + [json.dumps(wrong), json.dumps(key_wrong)])
+    typed = write_lines(
+        tmp_path / "run/deeper/node-b-pid2.log",
+        good[2:5] + [json.dumps(wrong), json.dumps(key_wrong)],
+    )
     zipped = tmp_path / "run/deeper/node-c-pid3.log.gz"
     with gzip.open(zipped, "wt", encoding="utf-8") as stream:
         stream.write("\n".join(good) + "\n")
@@ -95,10 +120,15 @@ def test_damaged_lines_are_each_reported_once_and_the_rest_loads(sim, tmp_path) 
     store = ingest([tmp_path / "run"], progress=False)
     # Then each bad line is reported once, with its file and line number
     found = {(p.file, p.line, p.kind) for p in store.problems}
-    assert found == {(str(damaged), 11, "malformed_json"), (str(damaged), 22, "truncated"),
-                     (str(typed), 4, "wrong_type"), (str(typed), 5, "missing_field")}
+    assert found == {
+        (str(damaged), 11, "malformed_json"),
+        (str(damaged), 22, "truncated"),
+        (str(typed), 4, "wrong_type"),
+        (str(typed), 5, "missing_field"),
+    }
     assert len(store.problems) == 4
-    assert "rankwatch.api_start_ns: expected int, got string" in problems_of(store, typed)[0].message
+    message = problems_of(store, typed)[0].message
+    assert "rankwatch.api_start_ns: expected int, got string" in message
     # And every good line is loaded: 20 + 4 (3 good, 1 with the bad field nulled) + 30
     assert count(store, "ops", f"source_file = '{damaged}'") == 20
     assert count(store, "ops", f"source_file = '{typed}'") == 4
@@ -110,8 +140,9 @@ def test_damaged_lines_are_each_reported_once_and_the_rest_loads(sim, tmp_path) 
 def test_a_truncated_last_line_alone_keeps_the_fast_reader(sim, tmp_path) -> None:
     # Given an op file whose writer was killed mid-line
     good = first_op_lines(sim("plain"), 12)
-    path = write_lines(tmp_path / "host-pid7.log", good[:11] + [good[11][:300]],
-                       final_newline=False)
+    path = write_lines(
+        tmp_path / "host-pid7.log", good[:11] + [good[11][:300]], final_newline=False
+    )
     # When ingested
     store = ingest([tmp_path], progress=False)
     # Then the truncated line is reported once, and the other lines load
@@ -153,12 +184,15 @@ def test_inspector_v4_logs_load_with_their_stats(tmp_path) -> None:
     # Given NCCL Inspector v4.0 logs of two ranks (14-hex-digit ids, one verbose with
     # event_trace blocks, P2P records) and an RCCL dump_stats record
     for rank in (0, 1):
-        write_lines(tmp_path / f"example-hostname-pid{1639453 + rank}.log", [
-            rccl_dump_stats(rank),
-            *(inspector_coll(rank, sn, verbose=rank == 1) for sn in range(3)),
-            inspector_p2p(rank, 3, "Send" if rank == 0 else "Recv", 1 - rank),
-            inspector_p2p(rank, 4, "Send" if rank == 0 else "Recv", 1 - rank),
-        ])
+        write_lines(
+            tmp_path / f"example-hostname-pid{1639453 + rank}.log",
+            [
+                rccl_dump_stats(rank),
+                *(inspector_coll(rank, sn, verbose=rank == 1) for sn in range(3)),
+                inspector_p2p(rank, 3, "Send" if rank == 0 else "Recv", 1 - rank),
+                inspector_p2p(rank, 4, "Send" if rank == 0 else "Recv", 1 - rank),
+            ],
+        )
     # When ingested
     store = ingest([tmp_path], progress=False)
     # Then ops hold them as Inspector records, and dump_stats went to stats
@@ -167,11 +201,20 @@ def test_inspector_v4_logs_load_with_their_stats(tmp_path) -> None:
     assert count(store, "ops", "kind = 'coll' AND seq IS NOT NULL AND job_id IS NULL") == 6
     assert count(store, "stats", "source_format = 'inspector' AND coll_dropped_total = 1") == 2
     # And verbose records get host times from their event trace (us -> ns)
-    assert count(store, "ops", "rank = 1 AND kind = 'coll' AND arrival_ns IS NOT NULL "
-                               "AND gpu_start_ns > arrival_ns AND gpu_end_ns > gpu_start_ns") == 3
+    assert (
+        count(
+            store,
+            "ops",
+            "rank = 1 AND kind = 'coll' AND arrival_ns IS NOT NULL "
+            "AND gpu_start_ns > arrival_ns AND gpu_end_ns > gpu_start_ns",
+        )
+        == 3
+    )
     # And P2P records get a per-pair order, so a Send meets its Recv
-    seqs = store.con.execute("SELECT func, list(seq ORDER BY p2p_sn) FROM ops "
-                             "WHERE kind = 'p2p' GROUP BY func ORDER BY func").fetchall()
+    seqs = store.con.execute(
+        "SELECT func, list(seq ORDER BY p2p_sn) FROM ops "
+        "WHERE kind = 'p2p' GROUP BY func ORDER BY func"
+    ).fetchall()
     assert seqs == [("Recv", [0, 1]), ("Send", [0, 1])]
 
 
@@ -181,13 +224,17 @@ def test_state_files_fill_their_tables_and_bad_state_lines_are_reported(sim, tmp
     lines = source.read_text().splitlines()
     no_ts = json.loads(lines[-1])
     del no_ts["ts_ns"]
-    path = write_lines(tmp_path / "h-pid1.rwstate.jsonl",
-                       lines + ['{"schema": 1, "kind": "mystery"}', json.dumps(no_ts)])
+    path = write_lines(
+        tmp_path / "h-pid1.rwstate.jsonl",
+        lines + ['{"schema": 1, "kind": "mystery"}', json.dumps(no_ts)],
+    )
     # When ingested
     store = ingest([tmp_path], progress=False)
     # Then both bad lines are reported with their line numbers, the others loaded
     assert sorted((p.line, p.kind) for p in store.problems) == [
-        (len(lines) + 1, "unknown_kind"), (len(lines) + 2, "missing_field")]
+        (len(lines) + 1, "unknown_kind"),
+        (len(lines) + 2, "missing_field"),
+    ]
     loaded = sum(count(store, t) for t in ("comms", "progress", "clock", "stats"))
     assert loaded == len(lines)
     assert count(store, "progress", f"source_file = '{path}' AND colls IS NOT NULL") > 0
@@ -220,6 +267,7 @@ def test_store_path_keeps_the_tables_for_later_sql(sim, tmp_path, name) -> None:
         n = con.execute("SELECT count(*) FROM kept.ops").fetchall()[0][0]
     else:
         assert (target / "schema.sql").exists()
-        n = con.execute(f"SELECT count(*) FROM read_parquet('{target}/ops.parquet')"
-                        ).fetchall()[0][0]
+        n = con.execute(f"SELECT count(*) FROM read_parquet('{target}/ops.parquet')").fetchall()[0][
+            0
+        ]
     assert n == ops

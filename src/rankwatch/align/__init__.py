@@ -1,0 +1,27 @@
+"""Cross-rank alignment: who is who, host clocks, and ops matched across ranks.
+
+`align(run)` adds to a Run (all SQL, results stay in DuckDB):
+communicators, processes, rank_map (ranks.py); host_clock (clock.py);
+ops_aligned, collectives, collective_ranks, rank_lateness (collectives.py);
+p2p_pairs (p2p.py). It returns the clock estimate, whose bounds callers must
+respect before claiming an arrival order across hosts.
+"""
+
+from __future__ import annotations
+
+from rankwatch.align.clock import ClockEstimate, HostClock, estimate_clocks
+from rankwatch.align.collectives import align_collectives
+from rankwatch.align.p2p import align_p2p
+from rankwatch.align.ranks import map_ranks
+from rankwatch.model import Run
+
+__all__ = ["ClockEstimate", "HostClock", "align", "estimate_clocks"]
+
+
+def align(run: Run) -> ClockEstimate:
+    """Map ranks, estimate host clocks, and align collectives and P2P ops."""
+    map_ranks(run)
+    clock = estimate_clocks(run)
+    align_collectives(run)
+    align_p2p(run)
+    return clock

@@ -1,0 +1,428 @@
+"""In-band clock alignment between hosts, from the collectives themselves.
+
+Ranks on one host share its wall clock (the plugin converts GPU times to host
+time per process, within `clock_error_ns`). Between hosts A and B, with
+off_h = host h's clock minus reference time, every collective k both ran gives:
+
+  causality   a rank cannot finish before the last rank started:
+                off_A - off_B <= min_end_A(k) - max_start_B(k) + err_A + err_B   (upper)
+                off_A - off_B >= max_start_A(k) - min_end_B(k) - err_A - err_B   (lower)
+              (where a GPU start is unknown, e.g. flagged stale, the rank's arrival,
+              which precedes it, gives the same bounds, only looser)
+  end-synchrony  a collective ends on all ranks within microseconds:
+                off_A - off_B ~= mean_end_A(k) - mean_end_B(k)                   (point)
+
+Algorithm:
+ 1. per (collective, host): min end, max start, mean end, max clock_error (SQL);
+ 2. per host pair and collective: upper, lower, point (SQL self-join);
+ 3. drift: per pair a line through per-time-bucket medians of the point values;
+    per-host drift by least squares over pairs (reference host fixed at 0);
+ 4. detrend; per pair U = min(upper), L = max(lower) (each widened by 3 sigma of
+    the pair's slope times |t - t0|), P = median(point);
+ 5. offsets: weighted least squares over the pairs' P; the feasible interval of
+    each host against the reference is the shortest-path solution of the
+    difference constraints x_A - x_B <= U_AB, x_B - x_A <= -L_AB (Floyd-Warshall);
+    the estimate is clipped into it and `bound_ns` = the farthest interval end:
+    the true offset lies within +-bound_ns of the estimate as long as the plugin's
+    GPU-to-host error bounds hold and drift is linear.
+
+Times inside are nanoseconds relative to t0 (the middle of the observed span)
+as DOUBLE, which keeps sub-nanosecond precision (absolute ns do not fit a double).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from rankwatch.model import Run
+
+MAX_ALL_PAIRS_HOSTS = 32  # above this, only ring + star pairs are used
+BUCKETS = 32
+SLOPE_SIGMAS = 3.0
+
+
+@dataclass
+class HostClock:
+    host: str
+    reference: bool
+    offset_ns: float  # host clock minus reference clock at t0_ns
+    drift_ppm: float  # and its rate of change
+    bound_ns: float | None  # |true - estimated offset| <= bound_ns; None: unknown
+    lo_ns: float | None = None  # feasible interval of the offset at t0_ns
+    hi_ns: float | None = None
+    pairs: int = 0  # host pairs with shared collectives
+    constraints: int = 0  # (collective, pair) observations
+    method: str = "in_band"  # in_band, reference, single_host, unaligned
+
+
+@dataclass
+class ClockEstimate:
+    reference: str | None
+    t0_ns: int
+    hosts: list[HostClock] = field(default_factory=list)
+    consistent: bool = True
+    notes: list[str] = field(default_factory=list)
+
+    def host(self, name: str) -> HostClock | None:
+        return next((h for h in self.hosts if h.host == name), None)
+
+    @property
+    def max_bound_ns(self) -> float | None:
+        """The largest bound over aligned hosts (None if any host is unaligned)."""
+        bounds = [h.bound_ns for h in self.hosts]
+        return None if any(b is None for b in bounds) else max(bounds, default=0.0)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+OBS_SQL = """
+CREATE OR REPLACE TEMP TABLE clock_obs AS
+WITH multi AS (
+    SELECT comm_key FROM ops WHERE kind = 'coll' GROUP BY comm_key HAVING count(DISTINCT host) > 1
+)
+SELECT o.comm_key, o.func, o.seq, o.host,
+       CAST(min(o.gpu_end_ns) - ? AS DOUBLE) AS min_end,
+       CAST(max(coalesce(o.gpu_start_ns, o.arrival_ns)) - ? AS DOUBLE) AS max_start,
+       avg(CAST(o.gpu_end_ns - ? AS DOUBLE)) AS mean_end,
+       CAST(max(coalesce(o.clock_error_ns, 0)) AS DOUBLE) AS err
+FROM ops o JOIN multi m ON o.comm_key = m.comm_key
+WHERE o.kind = 'coll' AND o.gpu_end_ns IS NOT NULL AND coalesce(o.complete, true)
+GROUP BY o.comm_key, o.func, o.seq, o.host
+"""
+
+PAIRS_SQL = """
+CREATE OR REPLACE TEMP TABLE clock_pairs AS
+SELECT a.host AS ha, b.host AS hb, (a.mean_end + b.mean_end) / 2 AS t,
+       a.mean_end - b.mean_end AS d,
+       a.min_end - b.max_start + a.err + b.err AS up,
+       a.max_start - b.min_end - a.err - b.err AS lo
+FROM clock_obs a
+JOIN clock_obs b ON a.comm_key = b.comm_key AND a.func = b.func AND a.seq = b.seq
+    AND a.host < b.host
+{pair_filter}
+"""
+
+BUCKET_SQL = """
+SELECT ha, hb, bucket, avg(t) AS t, PERCENTILE_CONT(0.5) WITHIN GROUP (ORDER BY d) AS d,
+       count(*) AS n
+FROM (SELECT ha, hb, t, d, floor(t / ?) AS bucket FROM clock_pairs) AS b
+GROUP BY ha, hb, bucket
+"""
+
+DETRENDED_SQL = """
+SELECT p.ha, p.hb, count(*) AS n,
+       min(p.up - (da.slope - db.slope) * p.t + e.slope_err * abs(p.t)) AS upper_bound,
+       max(p.lo - (da.slope - db.slope) * p.t - e.slope_err * abs(p.t)) AS lower_bound,
+       PERCENTILE_CONT(0.5) WITHIN GROUP (ORDER BY p.d - (da.slope - db.slope) * p.t) AS point
+FROM clock_pairs p
+JOIN clock_host_drift da ON da.host = p.ha
+JOIN clock_host_drift db ON db.host = p.hb
+JOIN clock_pair_err e ON e.ha = p.ha AND e.hb = p.hb
+GROUP BY p.ha, p.hb
+"""
+
+Pair = tuple[str, str]
+
+
+def _hosts(run: Run) -> list[str]:
+    return [h for (h,) in run.con.execute("SELECT DISTINCT host FROM ops ORDER BY host").fetchall()]
+
+
+def _reference(run: Run, hosts: list[str]) -> str:
+    """The host of world rank 0 when known, else the first host by name."""
+    if "processes" in run.tables:
+        rows = run.con.execute("SELECT host FROM processes ORDER BY world_rank LIMIT 1").fetchall()
+        if rows and rows[0][0] in hosts:
+            return rows[0][0]
+    return hosts[0]
+
+
+def _span(run: Run) -> tuple[int, int] | None:
+    rows = run.con.execute(
+        "SELECT min(gpu_start_ns), max(gpu_end_ns) FROM ops "
+        "WHERE kind = 'coll' AND gpu_start_ns IS NOT NULL AND gpu_end_ns IS NOT NULL"
+    ).fetchall()
+    return None if not rows or rows[0][0] is None else (int(rows[0][0]), int(rows[0][1]))
+
+
+def _pair_filter(run: Run, hosts: list[str], ref: str) -> str:
+    """All host pairs for small jobs; a ring plus a star around the reference above."""
+    if len(hosts) <= MAX_ALL_PAIRS_HOSTS:
+        return ""
+    pairs = {tuple(sorted((a, b))) for a, b in zip(hosts, hosts[1:] + hosts[:1], strict=True)}
+    pairs |= {tuple(sorted((ref, h))) for h in hosts if h != ref}
+    _temp_table(run, "clock_allowed_pairs", ["ha VARCHAR", "hb VARCHAR"], sorted(pairs))
+    return "JOIN clock_allowed_pairs ap ON ap.ha = a.host AND ap.hb = b.host"
+
+
+def _temp_table(run: Run, name: str, columns: list[str], rows: list[tuple]) -> None:
+    run.con.execute(f"CREATE OR REPLACE TEMP TABLE {name} ({', '.join(columns)})")
+    if rows:
+        marks = ", ".join("?" for _ in columns)
+        run.con.executemany(f"INSERT INTO {name} VALUES ({marks})", [list(r) for r in rows])
+
+
+def _fit_lines(run: Run, width: float) -> dict[Pair, tuple[float, float, float, int]]:
+    """Per pair: (slope, intercept, slope standard error, observations) of the point
+    values against time, fitted through per-bucket medians."""
+    rows = run.con.execute(BUCKET_SQL, [width]).fetchall()
+    by_pair: dict[Pair, list[tuple[float, float, int]]] = {}
+    for ha, hb, _, t, d, n in rows:
+        by_pair.setdefault((ha, hb), []).append((float(t), float(d), int(n)))
+    fits = {}
+    for pair, pts in by_pair.items():
+        t, d, n = (np.array(x) for x in zip(*pts, strict=True))
+        if len(t) < 3 or np.ptp(t) <= 0:
+            fits[pair] = (0.0, float(np.median(d)), 0.0, int(n.sum()))
+            continue
+        slope, intercept = np.polyfit(t, d, 1)
+        resid = d - (slope * t + intercept)
+        spread = np.sqrt(np.sum((t - t.mean()) ** 2))
+        stderr = float(np.sqrt(np.sum(resid**2) / (len(t) - 2)) / spread)
+        fits[pair] = (float(slope), float(intercept), stderr, int(n.sum()))
+    return fits
+
+
+def _connected(pairs: list[Pair], ref: str) -> set[str]:
+    seen, todo = {ref}, [ref]
+    while todo:
+        h = todo.pop()
+        for a, b in pairs:
+            for x, y in ((a, b), (b, a)):
+                if x == h and y not in seen:
+                    seen.add(y)
+                    todo.append(y)
+    return seen
+
+
+def _least_squares(
+    values: dict[Pair, float], weights: dict[Pair, float], ref: str
+) -> dict[str, float]:
+    """x with x_ref = 0 minimising sum w (x_a - x_b - v_ab)^2, for hosts linked to ref."""
+    hosts = sorted(_connected(list(values), ref) - {ref})
+    if not hosts:
+        return {ref: 0.0}
+    col = {h: i for i, h in enumerate(hosts)}
+    usable = [p for p in values if p[0] in col or p[1] in col]
+    a = np.zeros((len(usable), len(hosts)))
+    b = np.zeros(len(usable))
+    for i, (ha, hb) in enumerate(usable):
+        w = np.sqrt(weights[(ha, hb)])
+        if ha in col:
+            a[i, col[ha]] = w
+        if hb in col:
+            a[i, col[hb]] = -w
+        b[i] = w * values[(ha, hb)]
+    x = np.linalg.lstsq(a, b, rcond=None)[0]
+    return {ref: 0.0, **{h: float(x[col[h]]) for h in hosts}}
+
+
+def _intervals(
+    bounds: dict[Pair, tuple[float, float]], hosts: list[str], ref: str
+) -> tuple[dict[str, tuple[float, float]], bool]:
+    """Feasible [lo, hi] of x_h - x_ref under L_ab <= x_a - x_b <= U_ab (shortest paths).
+
+    Returns the intervals of hosts linked to ref, and False if the constraints
+    contradict each other (a negative cycle: an error bound did not hold)."""
+    idx = {h: i for i, h in enumerate(hosts)}
+    dist = np.full((len(hosts), len(hosts)), np.inf)
+    np.fill_diagonal(dist, 0.0)
+    for (ha, hb), (lower, upper) in bounds.items():
+        a, b = idx[ha], idx[hb]
+        dist[b, a] = min(dist[b, a], upper)  # x_a - x_b <= upper
+        dist[a, b] = min(dist[a, b], -lower)  # x_b - x_a <= -lower
+    for k in range(len(hosts)):
+        dist = np.minimum(dist, dist[:, k, None] + dist[None, k, :])
+    consistent = bool(np.all(np.diag(dist) >= -1e-6))
+    r = idx[ref]
+    out = {
+        h: (-float(dist[i, r]), float(dist[r, i]))
+        for h, i in idx.items()
+        if np.isfinite(dist[r, i]) and np.isfinite(dist[i, r])
+    }
+    return out, consistent
+
+
+def _drifts(run: Run, hosts: list[str], ref: str, width: float) -> tuple[dict, dict]:
+    """Per-host drift (ns per ns) and per-pair slope uncertainty; registers both in SQL."""
+    fits = _fit_lines(run, width)
+    slopes = _least_squares(
+        {p: f[0] for p, f in fits.items()}, {p: float(f[3]) for p, f in fits.items()}, ref
+    )
+    drift = {h: slopes.get(h, 0.0) for h in hosts}
+    slope_err = {p: SLOPE_SIGMAS * f[2] for p, f in fits.items()}
+    _temp_table(run, "clock_host_drift", ["host VARCHAR", "slope DOUBLE"], list(drift.items()))
+    _temp_table(
+        run,
+        "clock_pair_err",
+        ["ha VARCHAR", "hb VARCHAR", "slope_err DOUBLE"],
+        [(a, b, e) for (a, b), e in slope_err.items()],
+    )
+    return drift, fits
+
+
+def _offsets(run: Run, hosts: list[str], ref: str):
+    """Detrended pair bounds -> (estimates, feasible intervals, consistent, pair rows)."""
+    rows = run.con.execute(DETRENDED_SQL).fetchall()
+    bounds = {(a, b): (float(lo), float(up)) for a, b, _, up, lo, _ in rows}
+    points = {(a, b): float(p) for a, b, _, _, _, p in rows}
+    weights = {(a, b): 1.0 / max(up - lo, 1.0) ** 2 for (a, b), (lo, up) in bounds.items()}
+    estimate = _least_squares(points, weights, ref)
+    intervals, consistent = _intervals(bounds, hosts, ref)
+    return estimate, intervals, consistent, rows
+
+
+def _host_rows(hosts, ref, drift, estimate, intervals, consistent, rows) -> list[HostClock]:
+    pairs: dict[str, int] = {}
+    constraints: dict[str, int] = {}
+    for a, b, n, *_ in rows:
+        for h in (a, b):
+            pairs[h] = pairs.get(h, 0) + 1
+            constraints[h] = constraints.get(h, 0) + int(n)
+    out = []
+    for h in hosts:
+        if h == ref:
+            out.append(
+                HostClock(
+                    h,
+                    True,
+                    0.0,
+                    0.0,
+                    0.0,
+                    0.0,
+                    0.0,
+                    pairs.get(h, 0),
+                    constraints.get(h, 0),
+                    "reference",
+                )
+            )
+            continue
+        if h not in estimate:
+            out.append(HostClock(h, False, 0.0, 0.0, None, method="unaligned"))
+            continue
+        lo, hi = intervals.get(h, (None, None))
+        x = estimate[h] if lo is None else min(max(estimate[h], lo), hi)
+        bound = None if lo is None or not consistent else max(x - lo, hi - x)
+        out.append(
+            HostClock(
+                h, False, x, drift[h] * 1e6, bound, lo, hi, pairs.get(h, 0), constraints.get(h, 0)
+            )
+        )
+    return out
+
+
+HOST_CLOCK_COLUMNS = (
+    "host VARCHAR, reference BOOLEAN, offset_ns DOUBLE, drift_ppm DOUBLE, t0_ns BIGINT, "
+    "bound_ns DOUBLE, lo_ns DOUBLE, hi_ns DOUBLE, pairs BIGINT, constraints BIGINT, method VARCHAR"
+)
+
+
+def _save(run: Run, est: ClockEstimate) -> None:
+    run.con.execute(f"CREATE OR REPLACE TABLE host_clock ({HOST_CLOCK_COLUMNS})")
+    rows = [
+        (
+            h.host,
+            h.reference,
+            h.offset_ns,
+            h.drift_ppm,
+            est.t0_ns,
+            h.bound_ns,
+            h.lo_ns,
+            h.hi_ns,
+            h.pairs,
+            h.constraints,
+            h.method,
+        )
+        for h in est.hosts
+    ]
+    if rows:
+        run.con.executemany(f"INSERT INTO host_clock VALUES ({', '.join('?' * 11)})", rows)
+    run.tables["host_clock"] = "host_clock"
+    run.meta["clock"] = est
+
+
+def _drop_temps(run: Run) -> None:
+    for name in (
+        "clock_obs",
+        "clock_pairs",
+        "clock_host_drift",
+        "clock_pair_err",
+        "clock_allowed_pairs",
+    ):
+        run.con.execute(f"DROP TABLE IF EXISTS {name}")
+
+
+def _trivial(run: Run, hosts: list[str], span: tuple[int, int] | None) -> ClockEstimate:
+    """One host (nothing to align) or no GPU-timed collectives (nothing to align with)."""
+    t0 = (span[0] + span[1]) // 2 if span else 0
+    if len(hosts) <= 1:
+        return ClockEstimate(
+            hosts[0] if hosts else None,
+            t0,
+            [HostClock(h, True, 0.0, 0.0, 0.0, 0.0, 0.0, method="single_host") for h in hosts],
+        )
+    ref = _reference(run, hosts)
+    rows = [
+        HostClock(
+            h,
+            h == ref,
+            0.0,
+            0.0,
+            0.0 if h == ref else None,
+            method="reference" if h == ref else "unaligned",
+        )
+        for h in hosts
+    ]
+    return ClockEstimate(
+        ref,
+        t0,
+        rows,
+        notes=["no GPU-timed collectives span several hosts: host clocks cannot be aligned"],
+    )
+
+
+def estimate_clocks(run: Run) -> ClockEstimate:
+    """Estimate every host's clock offset and drift against a reference host (see module
+    doc), store them in table host_clock, and return them."""
+    hosts = _hosts(run)
+    span = _span(run)
+    if len(hosts) <= 1 or span is None:
+        est = _trivial(run, hosts, span)
+        _save(run, est)
+        return est
+    ref = _reference(run, hosts)
+    t0 = (span[0] + span[1]) // 2
+    width = max((span[1] - span[0]) / BUCKETS, 2e8)
+    run.con.execute(OBS_SQL, [t0, t0, t0])
+    run.con.execute(PAIRS_SQL.format(pair_filter=_pair_filter(run, hosts, ref)))
+    drift, _ = _drifts(run, hosts, ref, width)
+    estimate, intervals, consistent, rows = _offsets(run, hosts, ref)
+    est = ClockEstimate(
+        ref, t0, _host_rows(hosts, ref, drift, estimate, intervals, consistent, rows), consistent
+    )
+    if not consistent:
+        est.notes.append(
+            "clock constraints contradict each other: some GPU-to-host error "
+            "bound did not hold; offsets are least-squares estimates without bounds"
+        )
+    unaligned = [h.host for h in est.hosts if h.method == "unaligned"]
+    if unaligned:
+        est.notes.append(
+            f"{len(unaligned)} host(s) share no GPU-timed collective with the "
+            f"reference host: {', '.join(unaligned[:5])}"
+        )
+    _drop_temps(run)
+    _save(run, est)
+    return est
+
+
+def correction_sql(column: str, alias: str = "c") -> str:
+    """SQL for `column` (host clock, ns) mapped to the reference clock via host_clock."""
+    shift = (
+        f"CAST(round({alias}.offset_ns + {alias}.drift_ppm * 1e-6 * "
+        f"CAST({column} - {alias}.t0_ns AS DOUBLE)) AS BIGINT)"
+    )
+    return f"({column} - {shift})"

@@ -1,0 +1,161 @@
+"""Collectives matched across ranks by (communicator, function, sequence number).
+
+Tables and views this creates (all times on the reference clock, see clock.py):
+
+ops_aligned (view)  every op with its world rank and corrected times
+                    (arrival_c, gpu_start_c, gpu_end_c) and clock_bound_ns, the
+                    uncertainty of its host's clock against the reference.
+collectives         one row per collective instance: first/last/median arrival,
+                    the last arriver (by API call and by GPU start), transfer time
+                    and bus bandwidth, and lag_bound_ns: how uncertain a comparison
+                    of two ranks' times in this op is (the sum of the two largest
+                    host clock bounds involved; 0 on one host).
+collective_ranks    (view) one row per rank per collective: its wait on the last
+                    arriver, its lag behind the median, whether it was last and, if
+                    so, the lag it caused (its lead over the second-to-last).
+rank_lateness       per world rank: how often it was last (by API call and by GPU
+                    start), the total and mean lag it caused, and how many of
+                    those lags exceed the clock uncertainty.
+
+Transfer time: `end_minus_last_start` = min over ranks of gpu_end - max over ranks
+of gpu_start (the time the data moved once everyone had started) when host clocks
+are trusted for this op (one host, or the lag bound is below a tenth of it);
+otherwise `min_duration` = the shortest gpu_end - gpu_start of any rank, which is
+clock-free (the last starter does not wait) but includes its own launch jitter.
+Bus bandwidth uses the nccl-tests factors: AllReduce 2(n-1)/n; AllGather and
+ReduceScatter (n-1)/n with traffic msg x n; others 1.
+"""
+
+from __future__ import annotations
+
+from rankwatch.align.clock import correction_sql
+from rankwatch.model import Run
+
+OPS_ALIGNED_SQL = f"""
+CREATE OR REPLACE VIEW ops_aligned AS
+SELECT o.*, p.world_rank,
+       {correction_sql("o.arrival_ns")} AS arrival_c,
+       {correction_sql("o.gpu_start_ns")} AS gpu_start_c,
+       {correction_sql("o.gpu_end_ns")} AS gpu_end_c,
+       c.bound_ns AS clock_bound_ns
+FROM ops o
+LEFT JOIN host_clock c ON c.host = o.host
+LEFT JOIN processes p ON p.host = o.host AND p.pid = o.pid
+"""
+
+COLLECTIVES_SQL = """
+CREATE OR REPLACE TABLE collectives AS
+WITH r AS (
+    SELECT *,
+        row_number() OVER (PARTITION BY comm_key, func, seq
+                           ORDER BY arrival_c DESC NULLS LAST, rank) AS arrival_desc,
+        row_number() OVER (PARTITION BY comm_key, func, seq
+                           ORDER BY gpu_start_c DESC NULLS LAST, rank) AS start_desc,
+        row_number() OVER (PARTITION BY comm_key, func, seq
+                           ORDER BY coalesce(clock_bound_ns, 1e18) DESC) AS bound_desc
+    FROM ops_aligned WHERE kind = 'coll'
+), agg AS (
+    SELECT comm_key, func, seq,
+        max(comm_id) AS comm_id, max(comm_name) AS comm_name, max(n_ranks) AS n_ranks,
+        count(*) AS n_seen, count(DISTINCT host) AS hosts, max(msg_bytes) AS msg_bytes,
+        min(msg_bytes) <> max(msg_bytes) AS size_mismatch,
+        min(arrival_c) AS first_arrival, max(arrival_c) AS last_arrival,
+        max(CASE WHEN arrival_desc = 2 THEN arrival_c END) AS second_last_arrival,
+        PERCENTILE_CONT(0.5) WITHIN GROUP (ORDER BY arrival_c) AS median_arrival,
+        max(CASE WHEN arrival_desc = 1 THEN rank END) AS last_rank,
+        max(CASE WHEN arrival_desc = 1 THEN world_rank END) AS last_world_rank,
+        max(CASE WHEN arrival_desc = 1 THEN host END) AS last_host,
+        min(gpu_start_c) AS first_gpu_start, max(gpu_start_c) AS last_gpu_start,
+        max(CASE WHEN start_desc = 2 THEN gpu_start_c END) AS second_last_gpu_start,
+        PERCENTILE_CONT(0.5) WITHIN GROUP (ORDER BY gpu_start_c) AS median_gpu_start,
+        max(CASE WHEN start_desc = 1 THEN world_rank END) AS last_gpu_world_rank,
+        min(gpu_end_c) AS first_gpu_end, max(gpu_end_c) AS last_gpu_end,
+        min(gpu_end_c) - max(gpu_start_c) AS end_minus_last_start,
+        min(gpu_end_ns - gpu_start_ns) AS min_duration,
+        CASE WHEN count(DISTINCT host) = 1 THEN 0.0
+             WHEN count(*) FILTER (WHERE clock_bound_ns IS NULL) > 0 THEN NULL
+             ELSE sum(CASE WHEN bound_desc <= 2 THEN clock_bound_ns END) END AS lag_bound_ns
+    FROM r GROUP BY comm_key, func, seq
+), t AS (
+    SELECT *,
+        CASE WHEN end_minus_last_start > 0 AND lag_bound_ns IS NOT NULL
+                  AND lag_bound_ns * 10 <= end_minus_last_start
+             THEN 'end_minus_last_start' ELSE 'min_duration' END AS transfer_method
+    FROM agg
+)
+SELECT *,
+    CASE WHEN transfer_method = 'end_minus_last_start' THEN end_minus_last_start
+         ELSE min_duration END AS transfer_ns,
+    CASE WHEN func IN ('AllGather', 'ReduceScatter') THEN msg_bytes * n_ranks
+         ELSE msg_bytes END AS traffic_bytes,
+    CASE WHEN func = 'AllReduce' THEN 2.0 * (n_ranks - 1) / n_ranks
+         WHEN func IN ('AllGather', 'ReduceScatter') THEN (n_ranks - 1.0) / n_ranks
+         ELSE 1.0 END AS bus_factor,
+    last_arrival - second_last_arrival AS last_lag_ns,
+    last_gpu_start - second_last_gpu_start AS last_gpu_lag_ns,
+    last_arrival - median_arrival AS last_vs_median_ns,
+    last_gpu_start - median_gpu_start AS last_gpu_vs_median_ns
+FROM t
+"""
+
+BANDWIDTH_SQL = """
+CREATE OR REPLACE TABLE collectives AS
+SELECT *,
+    CASE WHEN transfer_ns > 0 THEN traffic_bytes / transfer_ns END AS algbw_gbs,
+    CASE WHEN transfer_ns > 0 THEN traffic_bytes / transfer_ns * bus_factor END AS busbw_gbs,
+    lag_bound_ns IS NOT NULL AND last_lag_ns > lag_bound_ns AS lag_significant,
+    lag_bound_ns IS NOT NULL AND last_gpu_lag_ns > lag_bound_ns AS gpu_lag_significant
+FROM collectives
+"""
+
+COLLECTIVE_RANKS_SQL = """
+CREATE OR REPLACE VIEW collective_ranks AS
+SELECT o.comm_key, o.func, o.seq, o.rank, o.world_rank, o.host, o.pid,
+       o.arrival_c, o.gpu_start_c, o.gpu_end_c,
+       c.last_arrival - o.arrival_c AS wait_ns,
+       c.last_gpu_start - o.gpu_start_c AS gpu_wait_ns,
+       o.arrival_c - c.median_arrival AS arrival_lag_ns,
+       o.gpu_start_c - c.median_gpu_start AS gpu_lag_ns,
+       o.arrival_c = c.last_arrival AS is_last_arrival,
+       o.gpu_start_c = c.last_gpu_start AS is_last_gpu_start,
+       CASE WHEN o.arrival_c = c.last_arrival THEN c.last_lag_ns END AS lag_caused_ns,
+       CASE WHEN o.gpu_start_c = c.last_gpu_start THEN c.last_gpu_lag_ns END AS gpu_lag_caused_ns,
+       c.lag_bound_ns, c.n_seen
+FROM ops_aligned o
+JOIN collectives c ON c.comm_key = o.comm_key AND c.func = o.func AND c.seq = o.seq
+WHERE o.kind = 'coll'
+"""
+
+RANK_LATENESS_SQL = """
+CREATE OR REPLACE TABLE rank_lateness AS
+SELECT world_rank, min(host) AS host,
+       count(*) AS collectives,
+       count(*) FILTER (WHERE is_last_arrival AND n_seen > 1) AS times_last_arrival,
+       coalesce(sum(lag_caused_ns) FILTER (WHERE n_seen > 1), 0) AS arrival_lag_caused_ns,
+       avg(lag_caused_ns) FILTER (WHERE n_seen > 1) AS mean_last_arrival_lag_ns,
+       count(*) FILTER (WHERE is_last_gpu_start AND n_seen > 1) AS times_last_gpu_start,
+       coalesce(sum(gpu_lag_caused_ns) FILTER (WHERE n_seen > 1), 0) AS gpu_lag_caused_ns,
+       avg(gpu_lag_caused_ns) FILTER (WHERE n_seen > 1) AS mean_last_gpu_lag_ns,
+       avg(arrival_lag_ns) AS mean_arrival_lag_ns,
+       avg(gpu_lag_ns) AS mean_gpu_lag_ns,
+       max(lag_bound_ns) AS max_lag_bound_ns,
+       count(*) FILTER (WHERE n_seen > 1 AND lag_bound_ns IS NOT NULL
+                        AND lag_caused_ns > lag_bound_ns) AS significant_last_arrivals,
+       count(*) FILTER (WHERE n_seen > 1 AND lag_bound_ns IS NOT NULL
+                        AND gpu_lag_caused_ns > lag_bound_ns) AS significant_last_gpu_starts
+FROM collective_ranks
+GROUP BY world_rank
+"""
+
+
+def align_collectives(run: Run) -> None:
+    """Create ops_aligned, collectives, collective_ranks and rank_lateness."""
+    for name, sql in (
+        ("ops_aligned", OPS_ALIGNED_SQL),
+        ("collectives", COLLECTIVES_SQL),
+        ("collectives", BANDWIDTH_SQL),
+        ("collective_ranks", COLLECTIVE_RANKS_SQL),
+        ("rank_lateness", RANK_LATENESS_SQL),
+    ):
+        run.con.execute(sql)
+        run.tables[name] = name

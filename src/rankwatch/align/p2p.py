@@ -1,0 +1,50 @@
+"""Point-to-point ops matched across ranks: a Send on one rank with the Recv on
+its peer, by (communicator, sender, receiver, per-pair order `seq`).
+
+p2p_pairs: one row per matched pair with both sides' arrival and GPU times,
+which side came late and by how much (lag_bound_ns as in collectives), and the
+transfer time: the overlap of the two GPU spans when clocks are trusted, else
+the shorter of the two durations. Unmatched ops (peer's record missing) are
+counted in run.meta["p2p_unmatched"].
+"""
+
+from __future__ import annotations
+
+from rankwatch.model import Run
+
+P2P_PAIRS_SQL = """
+CREATE OR REPLACE TABLE p2p_pairs AS
+WITH s AS (SELECT * FROM ops_aligned WHERE kind = 'p2p' AND func = 'Send'),
+     r AS (SELECT * FROM ops_aligned WHERE kind = 'p2p' AND func = 'Recv')
+SELECT s.comm_key, max(s.comm_name) OVER (PARTITION BY s.comm_key) AS comm_name,
+       s.rank AS sender, r.rank AS receiver, s.seq,
+       s.world_rank AS sender_world_rank, r.world_rank AS receiver_world_rank,
+       s.msg_bytes, s.arrival_c AS send_arrival, r.arrival_c AS recv_arrival,
+       s.gpu_start_c AS send_gpu_start, r.gpu_start_c AS recv_gpu_start,
+       s.gpu_end_c AS send_gpu_end, r.gpu_end_c AS recv_gpu_end,
+       CASE WHEN s.arrival_c > r.arrival_c THEN 'sender' ELSE 'receiver' END AS late_side,
+       abs(s.arrival_c - r.arrival_c) AS arrival_gap_ns,
+       CASE WHEN s.host = r.host THEN 0.0 ELSE s.clock_bound_ns + r.clock_bound_ns END
+           AS lag_bound_ns,
+       CASE WHEN s.host = r.host OR (s.clock_bound_ns + r.clock_bound_ns) * 10
+                 <= least(s.gpu_end_c, r.gpu_end_c) - greatest(s.gpu_start_c, r.gpu_start_c)
+            THEN least(s.gpu_end_c, r.gpu_end_c) - greatest(s.gpu_start_c, r.gpu_start_c)
+            ELSE least(s.gpu_end_ns - s.gpu_start_ns, r.gpu_end_ns - r.gpu_start_ns)
+       END AS transfer_ns
+FROM s JOIN r ON s.comm_key = r.comm_key AND s.peer = r.rank AND r.peer = s.rank
+    AND s.seq = r.seq
+"""
+
+UNMATCHED_SQL = """
+SELECT count(*) FROM ops_aligned o
+WHERE o.kind = 'p2p' AND NOT EXISTS (
+    SELECT 1 FROM ops_aligned q
+    WHERE q.kind = 'p2p' AND q.comm_key = o.comm_key AND q.rank = o.peer AND q.peer = o.rank
+      AND q.seq = o.seq AND q.func <> o.func)
+"""
+
+
+def align_p2p(run: Run) -> None:
+    run.con.execute(P2P_PAIRS_SQL)
+    run.tables["p2p_pairs"] = "p2p_pairs"
+    run.meta["p2p_unmatched"] = int(run.con.execute(UNMATCHED_SQL).fetchall()[0][0])

@@ -1,0 +1,99 @@
+"""Who is who: communicators, processes, and each process's rank in the job.
+
+A process is (host, pid). Its job-wide rank is its rank in the world
+communicator, taken to be the communicator with the most ranks (ties: the one
+seen from the most processes, then with the most ops). The `rank_map` table
+gives every (communicator, rank) its process and world rank, which is also how
+ranks of different communicators relate to each other.
+
+Communicators are keyed by `comm_key` (the id cut to NCCL Inspector's 14 hex
+digits, leading zeros dropped) so rankwatch and Inspector records join.
+"""
+
+from __future__ import annotations
+
+from rankwatch.model import Run
+
+COMMUNICATORS_SQL = """
+CREATE OR REPLACE TABLE communicators AS
+WITH seen AS (
+    SELECT comm_key, max(comm_id) AS comm_id, max(comm_name) AS comm_name,
+           max(n_ranks) AS n_ranks, max(nnodes) AS nnodes,
+           count(DISTINCT host || ':' || CAST(pid AS VARCHAR)) AS processes,
+           count(DISTINCT host) AS hosts, count(*) AS ops
+    FROM ops GROUP BY comm_key
+), declared AS (
+    SELECT '0x' || left(ltrim(lower(substr(comm_id, 3)), '0'), 14) AS comm_key,
+           max(comm_id) AS comm_id, max(comm_name) AS comm_name, max(n_ranks) AS n_ranks,
+           max(nnodes) AS nnodes,
+           count(DISTINCT host || ':' || CAST(pid AS VARCHAR)) AS processes,
+           count(DISTINCT host) AS hosts
+    FROM comms GROUP BY 1
+)
+SELECT coalesce(s.comm_key, d.comm_key) AS comm_key,
+       coalesce(d.comm_id, s.comm_id) AS comm_id,
+       coalesce(s.comm_name, d.comm_name) AS comm_name,
+       greatest(coalesce(s.n_ranks, 0), coalesce(d.n_ranks, 0)) AS n_ranks,
+       coalesce(s.nnodes, d.nnodes) AS nnodes,
+       greatest(coalesce(s.processes, 0), coalesce(d.processes, 0)) AS processes,
+       greatest(coalesce(s.hosts, 0), coalesce(d.hosts, 0)) AS hosts,
+       coalesce(s.ops, 0) AS ops
+FROM seen s FULL OUTER JOIN declared d ON s.comm_key = d.comm_key
+"""
+
+MEMBERS_SQL = """
+CREATE OR REPLACE TEMP TABLE comm_members AS
+SELECT DISTINCT comm_key, rank, host, pid FROM ops
+UNION
+SELECT '0x' || left(ltrim(lower(substr(comm_id, 3)), '0'), 14), rank, host, pid FROM comms
+"""
+
+PROCESSES_SQL = """
+CREATE OR REPLACE TABLE processes AS
+WITH procs AS (SELECT DISTINCT host, pid FROM comm_members),
+world AS (
+    SELECT host, pid, min(rank) AS rank FROM comm_members WHERE comm_key = ? GROUP BY host, pid
+),
+joined AS (
+    SELECT p.host, p.pid, w.rank AS world_rank
+    FROM procs p LEFT JOIN world w ON p.host = w.host AND p.pid = w.pid
+)
+SELECT host, pid,
+       coalesce(world_rank, (SELECT coalesce(max(rank), -1) FROM world)
+                + row_number() OVER (PARTITION BY world_rank IS NULL ORDER BY host, pid))
+           AS world_rank,
+       world_rank IS NOT NULL AS in_world_comm
+FROM joined
+"""
+
+RANK_MAP_SQL = """
+CREATE OR REPLACE TABLE rank_map AS
+SELECT m.comm_key, c.comm_id, c.comm_name, m.rank, m.host, m.pid, p.world_rank
+FROM comm_members m
+JOIN communicators c ON c.comm_key = m.comm_key
+JOIN processes p ON p.host = m.host AND p.pid = m.pid
+"""
+
+
+def world_comm(run: Run) -> str | None:
+    """comm_key of the world communicator (most ranks, then processes, then ops)."""
+    rows = run.con.execute(
+        "SELECT comm_key FROM communicators "
+        "ORDER BY n_ranks DESC, processes DESC, ops DESC, comm_key LIMIT 1"
+    ).fetchall()
+    return rows[0][0] if rows else None
+
+
+def map_ranks(run: Run) -> str | None:
+    """Create communicators, processes and rank_map; returns the world comm_key."""
+    con = run.con
+    con.execute(COMMUNICATORS_SQL)
+    con.execute(MEMBERS_SQL)
+    world = world_comm(run)
+    con.execute(PROCESSES_SQL, [world])
+    con.execute(RANK_MAP_SQL)
+    con.execute("DROP TABLE comm_members")
+    for name in ("communicators", "processes", "rank_map"):
+        run.tables[name] = name
+    run.meta["world_comm"] = world
+    return world

@@ -1,0 +1,13 @@
+"""Record files in, DuckDB tables out.
+
+`ingest(paths)` finds rankwatch and NCCL/RCCL Inspector record files under
+paths and loads them into the tables described in rankwatch.store.tables:
+ops, comms, progress, clock, stats, plus files and problems (what could not
+be read, each bad line once with its file and line number).
+"""
+
+from __future__ import annotations
+
+from rankwatch.store.store import Store, ingest
+
+__all__ = ["Store", "ingest"]

@@ -1,0 +1,168 @@
+"""ingest(): record files in, a DuckDB store with flat tables out.
+
+1. find the files (discover.py); 2. load every line of every op file in one
+multi-threaded DuckDB scan, leniently (a damaged line becomes a row of kind
+'undecodable'); 3. per file, count rows that are not op records, lack key
+columns or come from a newer schema; 4. re-read only the files with any such
+row with the careful line reader, which reports each bad line once and loads
+the rest (a file whose only damage is a truncated last line is accepted as is,
+with that line reported); 5. state files the same way, checked against their
+line counts; 6. derive what Inspector records lack.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from rankwatch.store import load
+from rankwatch.store.checks import check_op, check_state
+from rankwatch.store.discover import RecordFile
+from rankwatch.store.lines import clean_file, count_lines
+from rankwatch.store.problems import ProblemLog
+
+TRUNCATED = "truncated last line (the writer stopped mid-line, e.g. the process was killed)"
+
+
+def _last_line_broken(rf: RecordFile) -> bool:
+    """Whether a plain file's last (unterminated) line fails to decode."""
+    if rf.compressed:
+        return False
+    with open(rf.path, "rb") as stream:
+        stream.seek(max(0, rf.size - (1 << 20)))
+        tail = stream.read().rsplit(b"\n", 1)[-1]
+    try:
+        json.loads(tail)
+    except ValueError:
+        return True
+    return False
+
+
+def _verdict(
+    rf: RecordFile, loaded: int, bad: int, lines: tuple[int, bool], log: ProblemLog
+) -> bool:
+    """True when the fast path took the whole file (noting a truncated last line)."""
+    total, ends_with_newline = lines
+    if bad:
+        return False
+    if loaded == total:
+        return True
+    if loaded == total - 1 and not ends_with_newline and _last_line_broken(rf):
+        log.add(rf.path, total, "truncated", TRUNCATED)
+        return True
+    return False
+
+
+def _op_file_ok(rf: RecordFile, c: load.OpFileCounts, log: ProblemLog) -> bool:
+    """True when the fast path took the whole op file (noting a truncated last line)."""
+    if c.clean:
+        return True
+    only_last_line = c.undecodable == 1 and not (c.null_keys or c.newer or c.other)
+    if only_last_line and _last_line_broken(rf):
+        total, ends_with_newline = count_lines(rf)
+        if not ends_with_newline:
+            log.add(rf.path, total, "truncated", TRUNCATED)
+            return True
+    return False
+
+
+def _careful(con: Any, rf: RecordFile, log: ProblemLog, tmpdir: str) -> None:
+    """Line by line: report bad lines, load the good ones through the fast path."""
+    check = check_op if rf.role == "ops" else check_state
+    clean = clean_file(rf, check, log, tmpdir)
+    try:
+        if rf.role == "ops":
+            load.load_ops(con, [clean.path], lenient=False, source=load.sql_str(rf.path))
+            load.insert_rows(
+                con,
+                "stats",
+                [dict(r, source_file=rf.path, source_format="inspector") for r in clean.extra_rows],
+            )
+        elif clean.lines:
+            load.stage_state(
+                con,
+                [clean.path],
+                lenient=False,
+                source=load.sql_str(rf.path),
+                table="raw_state_careful",
+            )
+            load.distribute_state(con, [], table="raw_state_careful")
+    except Exception as exc:  # duckdb raises its own error classes; report, keep going
+        log.add(rf.path, None, "unreadable", f"could not load the file's good lines: {exc}")
+    finally:
+        os.unlink(clean.path)
+
+
+def _load_op_files(con: Any, files: list[RecordFile]) -> dict[str, load.OpFileCounts]:
+    """Fast path over all op files; files of rankwatch records are read the lean way,
+    and read again in full if they turn out to hold Inspector records too."""
+    lean = [f.path for f in files if f.format == "rankwatch"]
+    full = [f.path for f in files if f.format != "rankwatch"]
+    load.load_ops(con, lean, lean=True)
+    load.load_ops(con, full)
+    per_file = load.op_file_stats(con)
+    mixed = [p for p in lean if per_file.get(p, load.OpFileCounts()).inspector]
+    if mixed:
+        load.delete_files(con, "ops", mixed)
+        load.load_ops(con, mixed)
+        full += mixed
+        per_file = load.op_file_stats(con)
+    load.load_dump_stats(con, full)
+    return per_file
+
+
+def ingest_ops(con: Any, files: list[RecordFile], log: ProblemLog, tmpdir: str) -> list[str]:
+    """Load op files; returns the paths that needed the careful reader."""
+    per_file = _load_op_files(con, files)
+    redo = [f for f in files if not _op_file_ok(f, per_file.get(f.path, load.OpFileCounts()), log)]
+    load.delete_files(con, "ops", [f.path for f in redo])
+    load.delete_files(con, "stats", [f.path for f in redo])
+    load.drop_non_ops(con)
+    for f in redo:
+        _careful(con, f, log, tmpdir)
+    return [f.path for f in redo]
+
+
+def ingest_state(con: Any, files: list[RecordFile], log: ProblemLog, tmpdir: str) -> list[str]:
+    """Load state files; returns the paths that needed the careful reader."""
+    if not files:
+        return []
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        counting = pool.submit(lambda: {f.path: count_lines(f) for f in files})
+        per_file = load.stage_state(con, [f.path for f in files])
+        lines = counting.result()
+    redo = [f for f in files if not _verdict(f, *per_file.get(f.path, (0, 0)), lines[f.path], log)]
+    load.distribute_state(con, [f.path for f in redo])
+    for f in redo:
+        _careful(con, f, log, tmpdir)
+    return [f.path for f in redo]
+
+
+def derive_inspector_fields(con: Any) -> None:
+    """Inspector P2P records carry no per-pair order: number them per (process, comm,
+    func, peer) by p2p_sn, which is what rankwatch's `seq` means for P2P."""
+    con.execute(
+        "UPDATE ops SET seq = t.rn FROM (SELECT rowid AS rid, row_number() OVER (PARTITION BY "
+        "host, pid, comm_key, func, peer ORDER BY p2p_sn) - 1 AS rn FROM ops "
+        "WHERE kind = 'p2p' AND seq IS NULL) AS t WHERE ops.rowid = t.rid"
+    )
+
+
+def new_tmpdir() -> tempfile.TemporaryDirectory:
+    return tempfile.TemporaryDirectory(prefix="rankwatch-ingest-")
+
+
+@contextlib.contextmanager
+def timed(timings: dict[str, float], name: str) -> Iterator[None]:
+    """`with timed(t, "x"):` adds the block's seconds to t["x"]."""
+    start = time.perf_counter()
+    try:
+        yield
+    finally:
+        timings[name] = timings.get(name, 0.0) + time.perf_counter() - start

@@ -1,0 +1,195 @@
+"""The fast path: DuckDB's JSON reader over whole files, many at a time.
+
+Every key a record can carry is declared with its type (DuckDB reads lines
+with many undeclared keys an order of magnitude slower). Reading is lenient
+(`ignore_errors`): a damaged line becomes a row of NULLs that the op filter
+drops, so per-file row counts, compared with line counts, show which files
+need the careful line-by-line reader.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from rankwatch import schema
+from rankwatch.store.tables import (
+    DUMP_STATS_FIELDS,
+    OP_COLUMNS,
+    OP_KEY_COLUMNS,
+    OP_KINDS,
+    STATE_KIND_OF_TABLE,
+    STATE_TABLE_COLUMNS,
+    op_json_columns,
+    state_json_columns,
+)
+
+
+def sql_str(text: str) -> str:
+    """A SQL string literal."""
+    return "'" + text.replace("'", "''") + "'"
+
+
+def _struct_literal(columns: dict[str, str]) -> str:
+    return "{" + ", ".join(f"{sql_str(k)}: {sql_str(v)}" for k, v in columns.items()) + "}"
+
+
+def read_json_sql(paths: list[str], columns: dict[str, str], lenient: bool) -> str:
+    files = "[" + ", ".join(sql_str(p) for p in paths) + "]"
+    return (
+        f"read_json({files}, format='newline_delimited', columns={_struct_literal(columns)}, "
+        f"filename=true, ignore_errors={'true' if lenient else 'false'})"
+    )
+
+
+def _op_projection(source: str, lean: bool) -> str:
+    parts = []
+    for name, _, expr, lean_expr in OP_COLUMNS:
+        if name == "source_file":
+            expr = source
+        elif lean and lean_expr is not None:
+            expr = lean_expr
+        parts.append(f'{expr} AS "{name}"')
+    return ", ".join(parts)
+
+
+def load_ops(
+    con: Any, paths: list[str], lenient: bool = True, source: str = "filename", lean: bool = False
+) -> None:
+    """Append every line of `paths` to `ops` (source: SQL for source_file).
+
+    Lines that are not op records land too, with kind 'dump_stats', 'proxy',
+    'undecodable' or 'other', so file_stats() can count them; drop_non_ops()
+    removes them. lean: the files hold rankwatch records (see tables.OP_COLUMNS).
+    """
+    if not paths:
+        return
+    reader = read_json_sql(paths, op_json_columns(), lenient)
+    con.execute(f"INSERT INTO ops SELECT {_op_projection(source, lean)} FROM {reader}")
+
+
+def drop_non_ops(con: Any) -> None:
+    kinds = ", ".join(sql_str(k) for k in OP_KINDS)
+    con.execute(f"DELETE FROM ops WHERE kind IS NULL OR kind NOT IN ({kinds})")
+
+
+def load_dump_stats(con: Any, paths: list[str], lenient: bool = True) -> None:
+    """Append RCCL Inspector `dump_stats` records of `paths` to `stats`."""
+    if not paths:
+        return
+    reader = read_json_sql(paths, op_json_columns(), lenient)
+    fields = ", ".join(f"dump_stats.{n}" for n in DUMP_STATS_FIELDS)
+    names = ", ".join(DUMP_STATS_FIELDS)
+    con.execute(
+        f"INSERT INTO stats (source_file, source_format, ts_ns, host, pid, comm_id, rank, {names}) "
+        f"SELECT filename, 'inspector', 1000 * metadata.dump_timestamp_us, metadata.hostname, "
+        f"metadata.pid, header.id, header.rank, {fields} FROM {reader} "
+        f"WHERE dump_stats IS NOT NULL"
+    )
+
+
+@dataclass(frozen=True)
+class OpFileCounts:
+    ops: int = 0  # usable op records
+    null_keys: int = 0  # op records missing a key column
+    newer: int = 0  # op records of a newer schema
+    undecodable: int = 0  # lines DuckDB could not decode
+    other: int = 0  # decoded lines that are not op, dump_stats or proxy records
+    inspector: int = 0  # Inspector records (matters for files read the lean way)
+    extra: int = 0  # dump_stats and proxy records
+
+    @property
+    def clean(self) -> bool:
+        return not (self.null_keys or self.newer or self.undecodable or self.other)
+
+
+def op_file_stats(con: Any) -> dict[str, OpFileCounts]:
+    null_keys = " OR ".join(f'"{c}" IS NULL' for c in OP_KEY_COLUMNS)
+    ops = "kind IN ('coll', 'p2p')"
+    rows = con.execute(
+        f"SELECT source_file, "
+        f"count(*) FILTER (WHERE {ops} AND NOT ({null_keys}) "
+        f"AND schema_version <= {schema.SCHEMA_VERSION}), "
+        f"count(*) FILTER (WHERE {ops} AND ({null_keys} OR (kind = 'coll' AND seq IS NULL))), "
+        f"count(*) FILTER (WHERE {ops} AND schema_version > {schema.SCHEMA_VERSION}), "
+        f"count(*) FILTER (WHERE kind = 'undecodable'), count(*) FILTER (WHERE kind = 'other'), "
+        f"count(*) FILTER (WHERE source_format = 'inspector' AND kind <> 'undecodable'), "
+        f"count(*) FILTER (WHERE kind IN ('dump_stats', 'proxy')) "
+        f"FROM ops GROUP BY source_file"
+    ).fetchall()
+    return {path: OpFileCounts(*(int(x) for x in rest)) for path, *rest in rows}
+
+
+def delete_files(con: Any, table: str, paths: list[str]) -> None:
+    if paths:
+        listed = ", ".join(sql_str(p) for p in paths)
+        con.execute(f"DELETE FROM {table} WHERE source_file IN ({listed})")
+
+
+_STATE_KEYS_OK = (
+    "kind IN ('comm', 'progress', 'clock', 'stats') AND ts_ns IS NOT NULL AND hostname IS NOT "
+    "NULL AND pid IS NOT NULL AND (kind = 'stats' OR (comm_id IS NOT NULL AND rank IS NOT NULL))"
+)
+
+
+def stage_state(
+    con: Any,
+    paths: list[str],
+    lenient: bool = True,
+    source: str = "filename",
+    table: str = "raw_state",
+) -> dict[str, tuple[int, int]]:
+    """Read state files into a staging table.
+
+    Returns per file (usable rows, bad rows): bad = key fields missing or a newer
+    schema; lines DuckDB could not decode at all (all-NULL rows) count as neither.
+    """
+    reader = read_json_sql(paths, state_json_columns(), lenient)
+    con.execute(
+        f"CREATE OR REPLACE TEMP TABLE {table} AS "
+        f"SELECT {source} AS source_file, * EXCLUDE (filename) FROM {reader}"
+    )
+    ok = f"coalesce({_STATE_KEYS_OK}, false) AND coalesce(schema, 1) <= {schema.SCHEMA_VERSION}"
+    undecoded = "(kind IS NULL AND schema IS NULL AND hostname IS NULL AND ts_ns IS NULL)"
+    rows = con.execute(
+        f"SELECT source_file, count(*) FILTER (WHERE {ok}), "
+        f"count(*) FILTER (WHERE NOT ({ok}) AND NOT {undecoded}) "
+        f"FROM {table} GROUP BY source_file"
+    ).fetchall()
+    return {path: (int(a), int(b)) for path, a, b in rows}
+
+
+def distribute_state(con: Any, exclude: list[str], table: str = "raw_state") -> None:
+    """Move staged state records into comms, progress, clock and stats; drop the stage."""
+    skip = f"AND source_file NOT IN ({', '.join(sql_str(p) for p in exclude)})" if exclude else ""
+    for target, kind in STATE_KIND_OF_TABLE.items():
+        names = [c for c, _ in STATE_TABLE_COLUMNS[target]]
+        exprs = []
+        for c in names:
+            if c == "host":
+                exprs.append("hostname")
+            elif c == "source_format":
+                exprs.append("'rankwatch'")
+            elif target == "stats" and c in DUMP_STATS_FIELDS:
+                exprs.append("NULL")
+            else:
+                exprs.append(f'"{c}"')
+        cols = ", ".join(f'"{c}"' for c in names)
+        con.execute(
+            f"INSERT INTO {target} ({cols}) SELECT {', '.join(exprs)} FROM {table} "
+            f"WHERE kind = '{kind}' AND {_STATE_KEYS_OK} "
+            f"AND coalesce(schema, 1) <= {schema.SCHEMA_VERSION} {skip}"
+        )
+    con.execute(f"DROP TABLE {table}")
+
+
+def insert_rows(con: Any, table: str, rows: list[dict[str, Any]]) -> None:
+    """Insert a few Python rows (dict per row) by column name."""
+    if not rows:
+        return
+    names = list(rows[0])
+    marks = ", ".join("?" for _ in names)
+    cols = ", ".join(f'"{n}"' for n in names)
+    con.executemany(
+        f"INSERT INTO {table} ({cols}) VALUES ({marks})", [[r.get(n) for n in names] for r in rows]
+    )

@@ -1,0 +1,162 @@
+"""The Store: a DuckDB connection holding a job's records as flat tables, and
+what went wrong reading them. `ingest()` builds one; `--store PATH` keeps it
+as a DuckDB file (`.duckdb`/`.db`) or a directory of zstd Parquet files."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rankwatch.errors import ConfigError
+from rankwatch.model import BASE_TABLES, Problem, Run
+from rankwatch.store import tables
+from rankwatch.store.discover import RecordFile, Skipped, discover
+from rankwatch.store.ingest import (
+    derive_inspector_fields,
+    ingest_ops,
+    ingest_state,
+    new_tmpdir,
+    timed,
+)
+from rankwatch.store.load import insert_rows
+from rankwatch.store.problems import ProblemLog
+from rankwatch.store.progress import Reporter, reporter_for
+
+DUCKDB_SUFFIXES = (".duckdb", ".db")
+
+
+@dataclass
+class Store:
+    con: Any  # duckdb.DuckDBPyConnection
+    files: list[RecordFile]
+    skipped: list[Skipped]
+    problems: list[Problem]
+    path: str | None = None
+    careful_files: list[str] = field(default_factory=list)
+    timings: dict[str, float] = field(default_factory=dict)
+
+    def count(self, table: str) -> int:
+        return int(self.con.execute(f"SELECT count(*) FROM {table}").fetchall()[0][0])
+
+    @property
+    def usable(self) -> bool:
+        """Whether anything was loaded at all (ops or state records)."""
+        return any(self.count(t) for t in ("ops", "comms", "progress", "clock", "stats"))
+
+    def run(self) -> Run:
+        meta = {
+            "files": len(self.files),
+            "skipped": [s.__dict__ for s in self.skipped],
+            "careful_files": self.careful_files,
+            "timings": dict(self.timings),
+        }
+        return Run(self.con, {t: t for t in BASE_TABLES}, meta, list(self.problems), self.path)
+
+
+def _is_duckdb_file(path: str) -> bool:
+    return path.endswith(DUCKDB_SUFFIXES)
+
+
+def _connect(store_path: str | None) -> tuple[Any, str | None]:
+    """A connection to load into: in memory, or a temporary file next to the store."""
+    import duckdb
+
+    target = None
+    if store_path and _is_duckdb_file(store_path):
+        target = f"{store_path}.tmp-{os.getpid()}"
+        for leftover in (target, f"{target}.wal"):
+            if os.path.exists(leftover):
+                os.unlink(leftover)
+    con = duckdb.connect(target or ":memory:")
+    con.execute("SET preserve_insertion_order = false")
+    con.execute("SET enable_progress_bar = true")  # progress is polled, not printed
+    con.execute("SET enable_progress_bar_print = false")
+    return con, target
+
+
+def _query_fraction(con: Any):
+    def fraction() -> float | None:
+        percent = con.query_progress()
+        return percent / 100.0 if percent >= 0 else None
+
+    return fraction
+
+
+def _record_files_table(
+    con: Any, files: list[RecordFile], log: ProblemLog, careful: list[str]
+) -> None:
+    counts: dict[str, int] = {}
+    for table in ("ops", "comms", "progress", "clock", "stats"):
+        for path, n in con.execute(
+            f"SELECT source_file, count(*) FROM {table} GROUP BY source_file"
+        ).fetchall():
+            counts[path] = counts.get(path, 0) + int(n)
+    rows = [
+        {
+            "path": f.path,
+            "role": f.role,
+            "format": f.format,
+            "bytes": f.size,
+            "records": counts.get(f.path, 0),
+            "bad_lines": log.bad_lines.get(f.path, 0),
+            "reader": "python" if f.path in careful else "duckdb",
+        }
+        for f in files
+    ]
+    insert_rows(con, "files", rows)
+    insert_rows(con, "problems", [p.to_dict() for p in log.problems()])
+
+
+def save(con: Any, store_path: str, tmp_db: str | None) -> Any:
+    """Keep the store at store_path; returns the connection to use afterwards."""
+    import duckdb
+
+    if tmp_db is not None:
+        con.execute("CHECKPOINT")
+        con.close()
+        os.replace(tmp_db, store_path)
+        return duckdb.connect(store_path)
+    out = Path(store_path)
+    if out.exists() and any(out.iterdir()) and not (out / "schema.sql").exists():
+        raise ConfigError(f"--store {store_path}: exists and is not a rankwatch Parquet store")
+    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    con.execute(f"EXPORT DATABASE '{tmp.as_posix()}' (FORMAT parquet, COMPRESSION zstd)")
+    shutil.rmtree(out, ignore_errors=True)
+    os.replace(tmp, out)
+    return con
+
+
+def ingest(
+    paths: list[str | os.PathLike[str]],
+    store_path: str | os.PathLike[str] | None = None,
+    progress: bool | Reporter = True,
+) -> Store:
+    """Load every record file under paths into a new Store (see module doc)."""
+    reporter = reporter_for(progress)
+    timings: dict[str, float] = {}
+    store_str = os.fspath(store_path) if store_path is not None else None
+    with timed(timings, "discover"):
+        files, skipped = discover(list(paths))
+    con, tmp_db = _connect(store_str)
+    tables.create_all(con)
+    log = ProblemLog()
+    ops = [f for f in files if f.role == "ops"]
+    state = [f for f in files if f.role == "state"]
+    with new_tmpdir() as tmpdir:
+        with (
+            timed(timings, "ops"),
+            reporter.step(f"reading {len(ops)} op record file(s)", _query_fraction(con)),
+        ):
+            careful = ingest_ops(con, ops, log, tmpdir)
+        with timed(timings, "state"), reporter.step(f"reading {len(state)} state file(s)"):
+            careful += ingest_state(con, state, log, tmpdir)
+    derive_inspector_fields(con)
+    _record_files_table(con, files, log, careful)
+    if store_str is not None:
+        with timed(timings, "save"), reporter.step(f"saving the store to {store_str}"):
+            con = save(con, store_str, tmp_db)
+    return Store(con, files, skipped, log.problems(), store_str, careful, timings)
