@@ -7,6 +7,7 @@ import os
 import resource
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -142,3 +143,35 @@ def test_sampled_gpu_timing_records_every_op_and_times_some(tmp_path: Path) -> N
     assert len(in_window) >= 0.9 * len(timed)
     stats = run.state_records("stats")[-1]
     assert stats["slots_in_use"] == 0
+
+
+FORK_SCRIPT = r"""
+import ctypes, os, sys, time
+lib = ctypes.CDLL(sys.argv[1])
+table = (ctypes.c_void_p * 6).in_dll(lib, "ncclProfiler_v5")
+init = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_void_p), ctypes.c_uint64,
+                        ctypes.POINTER(ctypes.c_int), ctypes.c_char_p, ctypes.c_int,
+                        ctypes.c_int, ctypes.c_int, ctypes.c_void_p)(table[1])
+ctx, mask = ctypes.c_void_p(), ctypes.c_int(0)
+assert init(ctypes.byref(ctx), 0x1234, ctypes.byref(mask), b"world", 1, 2, 0, None) == 0
+assert ctx.value and mask.value
+pid = os.fork()
+if pid == 0:
+    sys.exit(0)  # a normal exit: the plugin's destructor runs in the child
+start = time.monotonic()
+_, status = os.waitpid(pid, 0)
+print(f"{time.monotonic() - start:.3f} {status}")
+"""
+
+
+def test_a_forked_child_exits_at_once(tmp_path: Path) -> None:
+    # Given a process whose plugin runs its writer thread, forked (as data loaders do)
+    proc = subprocess.run(
+        [sys.executable, "-c", FORK_SCRIPT, str(plugin_path())],
+        env={**os.environ, "RANKWATCH_DUMP_DIR": str(tmp_path)},
+        capture_output=True, text=True, timeout=60, check=True,
+    )
+    seconds, status = proc.stdout.split()
+    # Then the child, which has no writer thread, does not wait for one at exit
+    assert status == "0"
+    assert float(seconds) < 1.0

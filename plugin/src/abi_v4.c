@@ -1,6 +1,7 @@
 /* Adapter for profiler interface v4 (NCCL 2.27): uint8_t event type, the
  * communicator id as the 4th init argument, and no API events. The union
  * members we read have the same offsets as in v5. */
+#include "abi_adapters.h"
 #include "layout_checks.h"
 #include "rw.h"
 
@@ -18,18 +19,5 @@ static ncclResult_t start_event(void *context, void **eHandle, ncclProfilerEvent
   return ncclSuccess;
 }
 
-static ncclResult_t stop_event(void *eHandle) {
-  rw_stop_event(eHandle);
-  return ncclSuccess;
-}
-
-static ncclResult_t record_state(void *eHandle, ncclProfilerEventState_t state,
-                                 ncclProfilerEventStateArgs_v4_t *args) {
-  rw_record_state(eHandle, (int)state, args);
-  return ncclSuccess;
-}
-
-static ncclResult_t finalize(void *context) { return rw_finalize(context); }
-
 __attribute__((visibility("default"))) ncclProfiler_v4_t ncclProfiler_v4 = {
-    "rankwatch", init_v4, start_event, stop_event, record_state, finalize};
+    "rankwatch", init_v4, start_event, rw_abi_stop_event, rw_abi_record_state, rw_abi_finalize};

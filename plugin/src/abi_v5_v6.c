@@ -1,5 +1,6 @@
 /* Adapters for profiler interfaces v5 (NCCL 2.28) and v6 (2.29, 2.30): the
  * descriptor layouts agree on every field we read, so both tables share them. */
+#include "abi_adapters.h"
 #include "layout_checks.h"
 #include "rw.h"
 
@@ -22,20 +23,20 @@ static ncclResult_t start_event(void *context, void **eHandle, ncclProfilerEvent
   return ncclSuccess;
 }
 
-static ncclResult_t stop_event(void *eHandle) {
+ncclResult_t rw_abi_stop_event(void *eHandle) {
   rw_stop_event(eHandle);
   return ncclSuccess;
 }
 
-static ncclResult_t record_state(void *eHandle, ncclProfilerEventState_t state,
-                                 ncclProfilerEventStateArgs_v6_t *args) {
+ncclResult_t rw_abi_record_state(void *eHandle, ncclProfilerEventState_t state,
+                                 ncclProfilerEventStateArgs_v4_t *args) {
   rw_record_state(eHandle, (int)state, args);
   return ncclSuccess;
 }
 
-static ncclResult_t finalize(void *context) { return rw_finalize(context); }
+ncclResult_t rw_abi_finalize(void *context) { return rw_finalize(context); }
 
 __attribute__((visibility("default"))) ncclProfiler_v5_t ncclProfiler_v5 = {
-    "rankwatch", init_v5, start_event, stop_event, record_state, finalize};
+    "rankwatch", init_v5, start_event, rw_abi_stop_event, rw_abi_record_state, rw_abi_finalize};
 __attribute__((visibility("default"))) ncclProfiler_v6_t ncclProfiler_v6 = {
-    "rankwatch", init_v6, start_event, stop_event, record_state, finalize};
+    "rankwatch", init_v6, start_event, rw_abi_stop_event, rw_abi_record_state, rw_abi_finalize};

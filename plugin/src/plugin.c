@@ -113,7 +113,7 @@ ncclResult_t rw_init(void **context, uint64_t comm_id, int *mask, const char *na
 
 ncclResult_t rw_finalize(void *context) {
   rw_comm *c = rw_comm_from_context(context);
-  if (c == NULL) return ncclSuccess;
+  if (c == NULL || (int)getpid() != rw_g.pid) return ncclSuccess;
   ST(&c->finalizing, 1);
   rw_writer_flush_comm(c->index);
   return ncclSuccess;
@@ -122,5 +122,7 @@ ncclResult_t rw_finalize(void *context) {
 /* Runs at process exit (the library is pinned, so never at NCCL's dlclose):
  * write what is left, with bounded waiting. */
 __attribute__((destructor)) static void rw_at_exit(void) {
-  if (rw_g.ready) rw_writer_stop("exit");
+  /* A forked child (a data-loader worker, say) inherits our state but not the
+   * writer thread, and possibly a lock the writer held: it must not wait. */
+  if (rw_g.ready && (int)getpid() == rw_g.pid) rw_writer_stop("exit");
 }
