@@ -2,11 +2,14 @@
 
 Usage: python bench/analyze_bench.py [--sizes 1000000,3000000] [--ten-million]
                                      [--ranks 64] [--hosts 8] [--workdir DIR] [--keep]
+                                     [--reuse]
 
 Each phase runs in a fresh child process so its peak RSS (getrusage maxrss of the
 process and, for the simulator's writer processes, its children) is its own.
-Prints records/s and peak RSS per phase, then one JSON line per size for
-bench/RESULTS.md.
+Prints records/s, CPU seconds (user + system, all threads: steadier than wall time
+on a shared machine) and peak RSS per phase, then one JSON line per size for
+bench/RESULTS.md. DuckDB's memory limit and spill directory come from the
+RANKWATCH_MEMORY_LIMIT / RANKWATCH_SPILL_DIR settings (rankwatch.store.engine).
 """
 
 from __future__ import annotations
@@ -35,6 +38,11 @@ def _config(records: int, ranks: int, hosts: int):
     return SimConfig(ranks=ranks, hosts=hosts, steps=steps, clock_offset_us=5000, drift_ppm=10)
 
 
+def _cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
 def _peak_rss_mb(children: bool) -> float:
     own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     kids = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss if children else 0
@@ -60,14 +68,15 @@ def phase_simulate(records: int, ranks: int, hosts: int, out: str) -> dict:
 def phase_analyze(out: str) -> dict:
     from rankwatch.align import align
     from rankwatch.align.summary import summarize
-    from rankwatch.store import ingest
+    from rankwatch.store import EngineSettings, ingest
 
-    start = time.perf_counter()
-    store = ingest([out], progress=False)
-    ingested = time.perf_counter()
+    settings = EngineSettings.from_env()
+    cpu0, start = _cpu_s(), time.perf_counter()
+    store = ingest([out], progress=False, settings=settings)
+    cpu1, ingested = _cpu_s(), time.perf_counter()
     run = store.run()
     clock = align(run)
-    aligned = time.perf_counter()
+    cpu2, aligned = _cpu_s(), time.perf_counter()
     summarize(run, clock)
     done = time.perf_counter()
     records = store.count("ops")
@@ -77,6 +86,10 @@ def phase_analyze(out: str) -> dict:
         "align_s": aligned - ingested,
         "summary_s": done - aligned,
         "total_s": done - start,
+        "ingest_cpu_s": cpu1 - cpu0,
+        "align_cpu_s": cpu2 - cpu1,
+        "total_cpu_s": _cpu_s() - cpu0,
+        "memory_limit": settings.memory_limit,
         "problems": len(store.problems),
         "peak_rss_mb": _peak_rss_mb(children=False),
     }
@@ -96,10 +109,14 @@ def _rate(records: int, seconds: float) -> str:
     return f"{records / seconds:>12,.0f} rec/s" if seconds > 0 else "n/a"
 
 
-def bench(records: int, ranks: int, hosts: int, workdir: Path, keep: bool) -> dict:
+def bench(records: int, ranks: int, hosts: int, workdir: Path, keep: bool, reuse: bool) -> dict:
     out = workdir / f"job-{records}"
-    shutil.rmtree(out, ignore_errors=True)
-    sim = _child(["--phase", "simulate", str(records), str(ranks), str(hosts), str(out)])
+    if reuse and (out / "truth.json").exists():  # records kept by an earlier --keep run
+        size = sum(f.stat().st_size for f in out.iterdir())
+        sim = {"records": records, "seconds": 0.0, "bytes": size, "peak_rss_mb": 0.0}
+    else:
+        shutil.rmtree(out, ignore_errors=True)
+        sim = _child(["--phase", "simulate", str(records), str(ranks), str(hosts), str(out)])
     ana = _child(["--phase", "analyze", str(out)])
     n = ana["records"]
     print(f"{records:>11,} records requested, {n:,} written ({sim['bytes'] / 1e9:.2f} GB)")
@@ -107,11 +124,13 @@ def bench(records: int, ranks: int, hosts: int, workdir: Path, keep: bool) -> di
         f"  simulate {sim['seconds']:7.1f} s {_rate(sim['records'], sim['seconds'])}"
         f"   peak RSS {sim['peak_rss_mb']:,.0f} MB (largest process)"
     )
-    print(f"  ingest   {ana['ingest_s']:7.1f} s {_rate(n, ana['ingest_s'])}")
-    print(f"  align    {ana['align_s']:7.1f} s {_rate(n, ana['align_s'])}")
+    cpu = {k: ana[f"{k}_cpu_s"] for k in ("ingest", "align", "total")}
+    for phase in ("ingest", "align"):
+        seconds = ana[f"{phase}_s"]
+        print(f"  {phase:8s} {seconds:7.1f} s {_rate(n, seconds)}   cpu {cpu[phase]:.1f} s")
     print(
-        f"  analyze  {ana['total_s']:7.1f} s {_rate(n, ana['total_s'])}"
-        f"   peak RSS {ana['peak_rss_mb']:,.0f} MB"
+        f"  analyze  {ana['total_s']:7.1f} s {_rate(n, ana['total_s'])}   cpu {cpu['total']:.1f} s"
+        f"   peak RSS {ana['peak_rss_mb']:,.0f} MB (memory limit {ana['memory_limit']})"
     )
     if not keep:
         shutil.rmtree(out, ignore_errors=True)
@@ -141,13 +160,16 @@ def main() -> None:
     parser.add_argument("--hosts", type=int, default=8)
     parser.add_argument("--workdir", type=Path, default=None)
     parser.add_argument("--keep", action="store_true", help="keep the simulated records")
+    parser.add_argument(
+        "--reuse", action="store_true", help="analyse records kept in --workdir by --keep"
+    )
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",") if s]
     if args.ten_million:
         sizes.append(10_000_000)
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="rankwatch-bench-"))
     workdir.mkdir(parents=True, exist_ok=True)
-    results = [bench(n, args.ranks, args.hosts, workdir, args.keep) for n in sizes]
+    results = [bench(n, args.ranks, args.hosts, workdir, args.keep, args.reuse) for n in sizes]
     for r in results:
         print(json.dumps(r))
     if args.workdir is None and not args.keep:

@@ -131,8 +131,15 @@ def render_text(summary: dict[str, Any]) -> str:
     return "\n".join(line for section in sections for line in section(summary)) + "\n"
 
 
-def analyze(dirs: tuple[Path, ...], store: Path | None, quiet: bool) -> dict[str, Any]:
-    """Ingest, align and summarise; raises RecordError when nothing usable was found."""
+def analyze(
+    dirs: tuple[Path, ...],
+    store: Path | None,
+    quiet: bool,
+    html: Path | None = None,
+    perfetto: Path | None = None,
+) -> dict[str, Any]:
+    """Ingest, align and summarise (and write the HTML report to `html` if given);
+    raises RecordError when nothing usable was found."""
     from rankwatch.align import align
     from rankwatch.align.summary import summarize
     from rankwatch.store import ingest
@@ -152,6 +159,16 @@ def analyze(dirs: tuple[Path, ...], store: Path | None, quiet: bool) -> dict[str
         clock = align(run)
     summary = summarize(run, clock)
     summary["timings"] = dict(loaded.timings)
+    if html is not None:
+        from rankwatch.export.html import write_html
+
+        with reporter.step("writing the HTML report"):
+            write_html(run, summary, html)
+    if perfetto is not None:
+        from rankwatch.export.perfetto import write_perfetto
+
+        with reporter.step("writing the Perfetto trace"):
+            summary["perfetto"] = write_perfetto(run, perfetto).__dict__
     return summary
 
 
@@ -168,7 +185,27 @@ def analyze(dirs: tuple[Path, ...], store: Path | None, quiet: bool) -> dict[str
 )
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress output.")
-def command(dirs: tuple[Path, ...], store: Path | None, as_json: bool, quiet: bool) -> None:
+@click.option(
+    "--html",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Also write a self-contained HTML report (opens offline) to PATH.",
+)
+@click.option(
+    "--perfetto",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Also write a timeline of every rank's ops (Perfetto protobuf, open it in "
+    "ui.perfetto.dev) to PATH, e.g. trace.pftrace.",
+)
+def command(
+    dirs: tuple[Path, ...],
+    store: Path | None,
+    as_json: bool,
+    quiet: bool,
+    html: Path | None,
+    perfetto: Path | None,
+) -> None:
     """Analyse the record files under DIR... (searched recursively).
 
     Reads rankwatch and NCCL/RCCL Inspector records, maps every process to its
@@ -177,8 +214,15 @@ def command(dirs: tuple[Path, ...], store: Path | None, as_json: bool, quiet: bo
     ranks and any problems found while reading. Exits non-zero only when
     nothing usable was found.
     """
-    summary = analyze(dirs, store, quiet or as_json)
+    summary = analyze(dirs, store, quiet or as_json, html, perfetto)
     if as_json:
         click.echo(json.dumps(summary, default=str))
     else:
         click.echo(render_text(summary), nl=False)
+    if html is not None and not quiet:
+        click.echo(f"HTML report: {html}", err=as_json)
+    if perfetto is not None and not quiet:
+        trace = summary["perfetto"]
+        click.echo(f"Perfetto trace: {perfetto} (open in ui.perfetto.dev)", err=as_json)
+        for note in trace["notes"]:
+            click.echo(f"  note: {note}", err=as_json)

@@ -17,7 +17,7 @@ from rankwatch.collect.fake_job import FakeJob, Straggler, run_fake_job
 @click.command(name="demo")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path),
               default=Path("rankwatch-demo"), show_default=True,
-              help="Where the records (OUT/records) go.")
+              help="Where the records (OUT/records) and the report (OUT/report.html) go.")
 @click.option("--ranks", type=click.IntRange(2, 64), default=4, show_default=True)
 @click.option("--steps", type=click.IntRange(10, 100000), default=80, show_default=True)
 @click.option("--slow-rank", type=int, default=2, show_default=True,
@@ -44,4 +44,6 @@ def command(out_dir: Path, ranks: int, steps: int, slow_rank: int, cause: str,
     click.echo(f"recorded in {time.monotonic() - started:.1f} s to {records}\n")
     from rankwatch.cli.analyze import analyze, render_text
 
-    click.echo(render_text(analyze((records,), None, quiet=True)))
+    report = out_dir / "report.html"
+    click.echo(render_text(analyze((records,), None, quiet=True, html=report)))
+    click.echo(f"HTML report: {report}")

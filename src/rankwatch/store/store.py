@@ -14,6 +14,7 @@ from rankwatch.errors import ConfigError
 from rankwatch.model import BASE_TABLES, Problem, Run
 from rankwatch.store import tables
 from rankwatch.store.discover import RecordFile, Skipped, discover
+from rankwatch.store.engine import EngineSettings, configure
 from rankwatch.store.ingest import (
     derive_inspector_fields,
     ingest_ops,
@@ -60,8 +61,9 @@ def _is_duckdb_file(path: str) -> bool:
     return path.endswith(DUCKDB_SUFFIXES)
 
 
-def _connect(store_path: str | None) -> tuple[Any, str | None]:
-    """A connection to load into: in memory, or a temporary file next to the store."""
+def _connect(store_path: str | None, settings: EngineSettings) -> tuple[Any, str | None]:
+    """A connection to load into: in memory, or a temporary file next to the store;
+    memory-bounded, spilling to a private directory (see engine.py)."""
     import duckdb
 
     target = None
@@ -71,6 +73,7 @@ def _connect(store_path: str | None) -> tuple[Any, str | None]:
             if os.path.exists(leftover):
                 os.unlink(leftover)
     con = duckdb.connect(target or ":memory:")
+    configure(con, settings)
     con.execute("SET preserve_insertion_order = false")
     con.execute("SET enable_progress_bar = true")  # progress is polled, not printed
     con.execute("SET enable_progress_bar_print = false")
@@ -110,7 +113,7 @@ def _record_files_table(
     insert_rows(con, "problems", [p.to_dict() for p in log.problems()])
 
 
-def save(con: Any, store_path: str, tmp_db: str | None) -> Any:
+def save(con: Any, store_path: str, tmp_db: str | None, settings: EngineSettings) -> Any:
     """Keep the store at store_path; returns the connection to use afterwards."""
     import duckdb
 
@@ -118,7 +121,9 @@ def save(con: Any, store_path: str, tmp_db: str | None) -> Any:
         con.execute("CHECKPOINT")
         con.close()
         os.replace(tmp_db, store_path)
-        return duckdb.connect(store_path)
+        con = duckdb.connect(store_path)
+        configure(con, settings)
+        return con
     out = Path(store_path)
     if out.exists() and any(out.iterdir()) and not (out / "schema.sql").exists():
         raise ConfigError(f"--store {store_path}: exists and is not a rankwatch Parquet store")
@@ -134,14 +139,19 @@ def ingest(
     paths: list[str | os.PathLike[str]],
     store_path: str | os.PathLike[str] | None = None,
     progress: bool | Reporter = True,
+    settings: EngineSettings | None = None,
 ) -> Store:
-    """Load every record file under paths into a new Store (see module doc)."""
+    """Load every record file under paths into a new Store (see module doc).
+
+    settings: DuckDB's memory limit, spill directory and threads (default: from
+    the RANKWATCH_* environment variables, see rankwatch.store.engine)."""
     reporter = reporter_for(progress)
     timings: dict[str, float] = {}
     store_str = os.fspath(store_path) if store_path is not None else None
     with timed(timings, "discover"):
         files, skipped = discover(list(paths))
-    con, tmp_db = _connect(store_str)
+    settings = settings or EngineSettings.from_env()
+    con, tmp_db = _connect(store_str, settings)
     tables.create_all(con)
     log = ProblemLog()
     ops = [f for f in files if f.role == "ops"]
@@ -158,5 +168,5 @@ def ingest(
     _record_files_table(con, files, log, careful)
     if store_str is not None:
         with timed(timings, "save"), reporter.step(f"saving the store to {store_str}"):
-            con = save(con, store_str, tmp_db)
+            con = save(con, store_str, tmp_db, settings)
     return Store(con, files, skipped, log.problems(), store_str, careful, timings)

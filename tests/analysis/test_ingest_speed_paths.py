@@ -1,0 +1,67 @@
+"""Ingest under a memory bound: DuckDB's limit and spill directory come from the
+RANKWATCH_* settings, and a tight limit changes where data lives, not the result."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from rankwatch.align import align
+from rankwatch.errors import ConfigError
+from rankwatch.store import EngineSettings, ingest
+from rankwatch.store.engine import DEFAULT_MEMORY_LIMIT
+
+FINGERPRINT = (
+    "SELECT count(*), sum(hash(comm_key, func, seq, last_rank, last_world_rank, "
+    "first_arrival, last_gpu_start, transfer_ns, lag_bound_ns)) FROM collectives"
+)
+
+
+def _analysed(directory: Path, settings: EngineSettings):
+    run = ingest([directory], progress=False, settings=settings).run()
+    align(run)
+    return run
+
+
+def test_settings_come_from_the_environment() -> None:
+    assert EngineSettings.from_env({}) == EngineSettings(DEFAULT_MEMORY_LIMIT, None, None)
+    got = EngineSettings.from_env(
+        {"RANKWATCH_MEMORY_LIMIT": "none", "RANKWATCH_THREADS": "3", "RANKWATCH_SPILL_DIR": "/x"}
+    )
+    assert got == EngineSettings(None, "/x", 3)
+
+
+@pytest.mark.parametrize("env", [{"RANKWATCH_THREADS": "0"}, {"RANKWATCH_THREADS": "two"}])
+def test_bad_thread_counts_are_refused(env: dict[str, str]) -> None:
+    with pytest.raises(ConfigError, match="RANKWATCH_THREADS"):
+        EngineSettings.from_env(env)
+
+
+def test_a_bad_memory_limit_is_a_config_error(sim, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RANKWATCH_MEMORY_LIMIT", "lots")
+    with pytest.raises(ConfigError, match="memory_limit"):
+        ingest([sim("desync")], progress=False)
+
+
+def test_the_connection_is_bounded_and_spills_privately(sim, tmp_path: Path) -> None:
+    settings = EngineSettings(memory_limit="256MB", spill_parent=str(tmp_path), threads=1)
+    run = ingest([sim("desync")], progress=False, settings=settings).run()
+    limit, spill, threads = run.con.execute(
+        "SELECT current_setting('memory_limit'), current_setting('temp_directory'), "
+        "current_setting('threads')"
+    ).fetchall()[0]
+    assert limit.endswith("MiB") and float(limit.split()[0]) <= 256
+    assert Path(spill).parent == tmp_path and Path(spill).name.startswith("rankwatch-spill-")
+    assert int(threads) == 1
+
+
+def test_a_tight_memory_limit_gives_the_same_analysis(sim, tmp_path: Path) -> None:
+    # Given one job analysed with DuckDB's own default and with a tight bound
+    directory = sim("plain")
+    roomy = _analysed(directory, EngineSettings(memory_limit=None))
+    tight = _analysed(directory, EngineSettings("128MB", str(tmp_path), threads=2))
+    # Then every op and every matched collective is the same
+    ops = "SELECT count(*), sum(hash(host, pid, comm_key, func, seq, gpu_end_ns)) FROM ops"
+    assert tight.con.execute(ops).fetchall() == roomy.con.execute(ops).fetchall()
+    assert tight.con.execute(FINGERPRINT).fetchall() == roomy.con.execute(FINGERPRINT).fetchall()
