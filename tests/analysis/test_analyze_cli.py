@@ -17,7 +17,10 @@ def test_analyze_json_has_the_required_keys(sim) -> None:
     summary = json.loads(result.stdout)
     for key in ("job", "ranks", "communicators", "clock", "findings", "problems"):
         assert key in summary, key
-    assert summary["findings"] == []
+    # and the detectors name the injected host straggler (rank 5 from step 40)
+    assert [(f["kind"], f["rank"], f["cause"]) for f in summary["findings"]] == [
+        ("straggler", 5, "host")
+    ]
     assert summary["problems"] == []
     assert summary["job"]["ranks"] == len(summary["ranks"]) == 8
     assert summary["job"]["op_records"] == truth(directory)["records"]["ops"]

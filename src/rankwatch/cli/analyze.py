@@ -111,6 +111,26 @@ def _late_lines(s: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _finding_line(f: dict[str, Any]) -> str:
+    who = f"rank {f['rank']} ({f['host']})" if f.get("rank") is not None else "communicator"
+    comm = (f.get("comm") or {}).get("name") or (f.get("comm") or {}).get("id") or "?"
+    since = f.get("since") or {}
+    func = ((f.get("evidence") or {}).get("onset") or {}).get("func", "")
+    at = f" on {comm}"
+    if since.get("seq") is not None:
+        at = f" since {func} #{since['seq']}{at}"
+    cause = f", cause {f['cause']}" if f.get("cause") else ""
+    cost = f", cost {f['cost_s']:.3f} s" if f.get("cost_s") is not None else ""
+    return f"  {f['kind']}: {who}{at}{cause}{cost} (confidence {f['confidence']:.2f})"
+
+
+def _finding_lines(s: dict[str, Any]) -> list[str]:
+    findings = s.get("findings") or []
+    if not findings:
+        return ["Findings: none (no straggler, hang or desync)."]
+    return [f"Findings ({len(findings)}):", *(_finding_line(f) for f in findings)]
+
+
 def _problem_lines(s: dict[str, Any]) -> list[str]:
     problems = s["problems"]
     if not problems:
@@ -127,7 +147,8 @@ def _problem_lines(s: dict[str, Any]) -> list[str]:
 
 
 def render_text(summary: dict[str, Any]) -> str:
-    sections = [_job_lines, _comm_lines, _clock_lines, _late_lines, _problem_lines]
+    sections = [_job_lines, _comm_lines, _clock_lines, _late_lines, _finding_lines,
+                _problem_lines]
     return "\n".join(line for section in sections for line in section(summary)) + "\n"
 
 
@@ -158,6 +179,10 @@ def analyze(
     with reporter.step("aligning ranks, clocks and collectives"):
         clock = align(run)
     summary = summarize(run, clock)
+    with reporter.step("detecting stragglers, hangs and desyncs"):
+        from rankwatch.detect import detect
+
+        summary["findings"] = [f.to_dict() for f in detect(run, clock)]
     summary["timings"] = dict(loaded.timings)
     if html is not None:
         from rankwatch.export.html import write_html

@@ -31,7 +31,7 @@ class Straggler:
 class FakeJob:
     ranks: int = 4
     steps: int = 80
-    step_pause_us: int = 300
+    step_pause_us: int = 1000
     comm_id: str = "0x5eed0000c0ffee01"
     job_id: str = "rankwatch-demo"
     straggler: Straggler | None = None

@@ -1,0 +1,212 @@
+"""Detectors: the evaluation suite at scale, detection speed, and memory vs job length.
+
+Usage: python bench/detect_eval.py [--suite] [--large] [--speed] [--workdir DIR] [--json FILE]
+
+--suite   the CI suite (tests/detect/detect_scenarios.py SUITE) plus its table
+--large   the same kinds of scenario at 256 and 1,024 ranks
+--speed   records/s of the streaming detectors on one core in batch mode (a simulated
+          1.15M-record job, read from DuckDB once, then fed in 64k-record batches), and
+          their memory on that stream (1.15M records) and on it repeated ten times as one
+          longer job (11.5M records): the same detectors, the same window
+With no option: all three. Prints tables, and one JSON object at the end (or into --json).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import gc
+import json
+import sys
+import tempfile
+import time
+import tracemalloc
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent / "tests" / "detect"))
+
+from detect_scenarios import (  # noqa: E402 - the suite lives with the tests
+    H2,
+    SUITE,
+    Extra,
+    Rotating,
+    Scenario,
+    failures,
+    row,
+    run_scenario,
+    summary,
+    table,
+)
+
+from rankwatch.simulate import (  # noqa: E402
+    DesyncFault,
+    HangFault,
+    SimConfig,
+    SlowFault,
+    simulate,
+)
+
+
+def _big(ranks: int, steps: int, seed: int, hosts: int, **kw) -> SimConfig:
+    base = {**H2, "hosts": hosts, **kw}
+    return SimConfig(ranks=ranks, steps=steps, seed=seed, **base)
+
+
+LARGE: list[Scenario] = [
+    Scenario("healthy_256", _big(256, 30, 101, 32, tp=8, pp=2)),
+    Scenario("healthy_noise_256", _big(256, 30, 102, 32, tp=4), Extra(heavy_noise=True)),
+    Scenario(
+        "rotating_random_256",
+        _big(256, 30, 103, 32, tp=8),
+        Extra(rotating=Rotating(700, "gpu", order="random")),
+    ),
+    Scenario(
+        "stage_imbalance_256",
+        _big(256, 30, 104, 32, tp=4, pp=4),
+        Extra(stage_compute=(1, 1, 1, 1.3)),
+    ),
+    Scenario(
+        "slow_gpu_256", _big(256, 30, 105, 32, tp=8, pp=2, slow=SlowFault(77, 12, "gpu", 2000))
+    ),
+    Scenario(
+        "slow_transfer_256", _big(256, 30, 106, 32, tp=8, slow=SlowFault(130, 12, "transfer", 1000))
+    ),
+    Scenario(
+        "three_stragglers_256",
+        _big(256, 36, 107, 32, tp=8, slow=SlowFault(5, 10, "host", 3000)),
+        Extra(slow=(SlowFault(100, 14, "gpu", 2000), SlowFault(201, 18, "transfer", 1500))),
+    ),
+    Scenario("hang_256", _big(256, 20, 108, 32, tp=8, pp=2, hang=HangFault(150, 10))),
+    Scenario("desync_256", _big(256, 20, 109, 32, tp=8, desync=DesyncFault(33, 8, "func"))),
+    Scenario("healthy_1024", _big(1024, 16, 110, 128, tp=8, pp=2)),
+    Scenario(
+        "slow_gpu_1024", _big(1024, 20, 111, 128, tp=8, pp=2, slow=SlowFault(517, 8, "gpu", 2000))
+    ),
+    Scenario("hang_1024", _big(1024, 16, 112, 128, tp=8, hang=HangFault(900, 8))),
+]
+
+
+def run_suite(scenarios: list[Scenario], workdir: Path, label: str) -> dict:
+    rows = []
+    for sc in scenarios:
+        t0 = time.perf_counter()
+        res = run_scenario(sc, workdir)
+        rows.append(row(res))
+        print(
+            f"{label}: {sc.name}: {len(res.findings)} finding(s), "
+            f"{time.perf_counter() - t0:.1f} s ({res.records} records)",
+            flush=True,
+        )
+    print("\n" + table(rows) + "\n")
+    s = summary(rows)
+    return {"rows": rows, "summary": s, "failures": failures(s)}
+
+
+# ----------------------------------------------------------------- speed and memory
+
+
+def _job(workdir: Path) -> Path:
+    out = workdir / "speed-job"
+    cfg = SimConfig(ranks=128, hosts=8, steps=600, tp=4, pp=2, seed=4, clock_offset_us=5000,
+                    drift_ppm=5, slow=SlowFault(37, 300, "gpu", 2000))  # fmt: skip
+    if not (out / "truth.json").exists():
+        simulate(cfg, out)
+    return out
+
+
+def _windows(path: Path):
+    from rankwatch.align import align
+    from rankwatch.detect import Topology
+    from rankwatch.detect.source import windows
+    from rankwatch.store import ingest
+
+    run = ingest([path]).run()
+    align(run)
+    topo = Topology.from_run(run)
+    return topo, list(windows(run, topo))
+
+
+def _tiled(wins, times: int):
+    """The stream repeated `times` times as one longer job: seqs and times shifted."""
+    import numpy as np
+
+    ops = [o for o, _, _ in wins if o is not None]
+    seq_span = int(max(o.seq.max() for o in ops)) + 1
+    t_end = max(float(np.nanmax(o.gend_c)) for o in ops)
+    t_start = min(float(np.nanmin(o.arrival_c)) for o in ops)
+    span = t_end - t_start + 1e6
+    for k in range(times):
+        for o, _, now in wins:
+            if o is None:
+                continue
+            shifted = dataclasses.replace(o, seq=o.seq + k * seq_span)
+            for name in ("arrival", "gstart", "gend", "arrival_c", "gstart_c", "gend_c"):
+                setattr(shifted, name, getattr(o, name) + k * span)
+            yield shifted, now + k * span
+
+
+def _feed(topo, stream_iter) -> tuple[int, float, list]:
+    from rankwatch.detect import Stream
+
+    stream = Stream(topo)
+    n = 0
+    t0 = time.process_time()
+    for ops, now in stream_iter:
+        stream.feed(ops, None, now)
+        n += len(ops)
+    findings = stream.close()
+    return n, time.process_time() - t0, findings
+
+
+def speed(workdir: Path) -> dict:
+    topo, wins = _windows(_job(workdir))
+    out = {}
+    for label, times in (("1x", 1), ("10x", 10)):
+        gc.collect()
+        n, cpu, findings = _feed(topo, _tiled(wins, times))
+        gc.collect()
+        tracemalloc.start()
+        _feed(topo, _tiled(wins, times))
+        _, peak = tracemalloc.get_traced_memory()
+        tracemalloc.stop()
+        out[label] = {
+            "records": n,
+            "cpu_s": round(cpu, 2),
+            "records_per_s": round(n / cpu),
+            "peak_traced_mb": round(peak / 2**20, 1),
+            "findings": [(f.kind, f.rank, f.cause, round(f.cost_s or 0, 3)) for f in findings],
+        }
+        print(f"speed {label}: {out[label]}", flush=True)
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--suite", action="store_true")
+    ap.add_argument("--large", action="store_true")
+    ap.add_argument("--speed", action="store_true")
+    ap.add_argument("--workdir", type=Path)
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args()
+    every = not (args.suite or args.large or args.speed)
+    work = args.workdir or Path(tempfile.mkdtemp(prefix="rankwatch-detect-eval-"))
+    work.mkdir(parents=True, exist_ok=True)
+    result: dict = {}
+    if args.suite or every:
+        result["suite"] = run_suite(SUITE, work / "suite", "suite")
+    if args.large or every:
+        result["large"] = run_suite(LARGE, work / "large", "large")
+    if args.speed or every:
+        result["speed"] = speed(work)
+    text = json.dumps(result, indent=1, default=str)
+    if args.json:
+        args.json.write_text(text + "\n", encoding="utf-8")
+    else:
+        print(text)
+    bad = [f for part in ("suite", "large") for f in result.get(part, {}).get("failures", [])]
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,172 @@
+"""Detectors: stragglers (host, gpu, transfer) with their victims and cost, hangs,
+desyncs. One streaming library for stored runs and live monitoring.
+
+    findings = detect(run, clock)          # an aligned Run, offline
+
+    stream = Stream(topology)              # live: the same detectors
+    stream.feed(ops=OpColumns(...), progress=ProgressColumns(...))
+    ...
+    findings = stream.close()
+
+`detect` replays the run's records through a `Stream` in the order a live
+monitor receives them, so both give the same findings. Each detector is one
+module behind the protocol in `base.py`, listed in DETECTORS (order matters:
+later ones read what earlier ones add).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from rankwatch.detect.base import Config, Context, Detector, Window
+from rankwatch.detect.blame import BlameDetector
+from rankwatch.detect.cohorts import Assembler
+from rankwatch.detect.columns import OpColumns, ProgressColumns
+from rankwatch.detect.cost import CostDetector
+from rankwatch.detect.desync import DesyncDetector
+from rankwatch.detect.hang import HangDetector
+from rankwatch.detect.period import SlotMap, enough_to_learn, learn_periods
+from rankwatch.detect.prepare import Preparer
+from rankwatch.detect.records import Recs
+from rankwatch.detect.robust import nanmax, nanmin
+from rankwatch.detect.straggler import StragglerDetector
+from rankwatch.detect.topology import Topology
+from rankwatch.detect.transfer import TransferDetector
+from rankwatch.model import Finding, Run
+
+if TYPE_CHECKING:
+    from rankwatch.align.clock import ClockEstimate
+
+__all__ = [
+    "DETECTORS",
+    "Config",
+    "Detector",
+    "OpColumns",
+    "ProgressColumns",
+    "Stream",
+    "Topology",
+    "detect",
+]
+
+DETECTORS: list[Callable[[Context], Detector]] = [
+    DesyncDetector,  # marks misaligned records first
+    StragglerDetector,  # host / gpu; marks delays (d_gap)
+    TransferDetector,  # transfer; marks slow instances (d_xfer)
+    BlameDetector,  # victims of the culprits
+    CostDetector,  # what-if job time per culprit
+    HangDetector,  # progress records only
+]
+LEARN_HOLD_NS = 30e9  # live: longest the period learning holds records back
+
+
+class Stream:
+    """The detectors over a stream of op and progress batches (see module doc)."""
+
+    def __init__(self, topology: Topology, config: Config | None = None, detectors=None) -> None:
+        self.topo = topology
+        self.ctx = Context(topology, config or Config(), SlotMap())
+        self.prepare = Preparer(topology)
+        self.assembler = Assembler(topology, self.ctx.config.evict_ns)
+        self.detectors: list[Detector] = [make(self.ctx) for make in (detectors or DETECTORS)]
+        self.held: list[Recs] = []  # records held until the step period is learned
+        self.learned = False
+        self.now = -np.inf
+        self.closed = False
+
+    def feed(
+        self,
+        ops: OpColumns | None = None,
+        progress: ProgressColumns | None = None,
+        now: float | None = None,
+    ) -> None:
+        """Fold a batch in. Times are relative ns (see columns.py); `now` defaults to
+        the newest record."""
+        recs = self._take_ops(ops) if ops is not None and len(ops) else None
+        if progress is not None and len(progress):
+            self.now = max(self.now, nanmax(progress.ts))
+        if now is not None:
+            self.now = max(self.now, now)
+        recs = self._learn(recs, final=False)
+        cohorts = self.assembler.feed(recs, self.now) if recs is not None or self.learned else None
+        self._run(Window(self.now, self._slotted(cohorts), progress))
+
+    def close(self) -> list[Finding]:
+        """End of the stream (end of the stored records, or the live job ended)."""
+        if not self.closed:
+            recs = self._learn(None, final=True)
+            cohorts = self.assembler.feed(recs, self.now, flush=True)
+            self._run(Window(self.now, self._slotted(cohorts), None, final=True))
+            self.closed = True
+        return self.findings()
+
+    def findings(self) -> list[Finding]:
+        out = [f for d in self.detectors for f in d.findings()]
+        return sorted(out, key=_order)
+
+    @property
+    def total_cost_s(self) -> float:
+        return self.ctx.total_cost_ns / 1e9
+
+    # ------------------------------------------------------------------ internals
+    def _take_ops(self, ops: OpColumns) -> Recs:
+        end = np.where(np.isfinite(ops.gend_c), ops.gend_c, ops.arrival_c)
+        self.now = max(self.now, nanmax(end))
+        self.ctx.first_ns = min(self.ctx.first_ns, nanmin(ops.arrival_c))
+        self.ctx.last_ns = max(self.ctx.last_ns, nanmax(end))
+        self.ctx.max_latency_ns = max(self.ctx.max_latency_ns, nanmax(ops.gend_c - ops.arrival_c))
+        return self.prepare(ops)
+
+    def _learn(self, recs: Recs | None, final: bool) -> Recs | None:
+        """Hold records until the step period is known, then release them."""
+        if self.learned:
+            return recs
+        if recs is not None:
+            self.held.append(recs)
+        held = Recs.concat(self.held)
+        span = (self.now - self.ctx.first_ns) if np.isfinite(self.ctx.first_ns) else 0.0
+        if not (final or enough_to_learn(held) or span > LEARN_HOLD_NS):
+            return None
+        self.ctx.slots = SlotMap(learn_periods(held) if len(held) else {})
+        self.learned, self.held = True, []
+        return held if len(held) else None
+
+    def _slotted(self, cohorts):
+        if cohorts is not None:
+            cohorts.recs.slot = self.ctx.slots.codes(cohorts.recs.sym, cohorts.recs.seq)
+        return cohorts
+
+    def _run(self, window: Window) -> None:
+        for d in self.detectors:
+            d.feed(window)
+
+
+def _order(f: Finding) -> tuple:
+    kinds = {"hang": 0, "desync": 1, "straggler": 2}
+    return (kinds.get(f.kind, 9), -(f.cost_s or 0.0), f.rank if f.rank is not None else 1 << 30)
+
+
+def detect(
+    run: Run,
+    clock: ClockEstimate | None = None,
+    config: Config | None = None,
+    batch: int = 65536,
+) -> list[Finding]:
+    """Findings of an aligned Run (after `rankwatch.align.align(run)`).
+
+    `clock` is accepted for symmetry with the other analysis steps; host clock
+    bounds are read from the run's host_clock table."""
+    from rankwatch.detect.source import windows
+
+    topo = Topology.from_run(run)
+    stream = Stream(topo, config)
+    if not topo.procs:
+        run.meta["detect"] = {"total_cost_s": 0.0, "wall_s": 0.0}
+        return []
+    for ops, progress, now in windows(run, topo, batch):
+        stream.feed(ops, progress, now)
+    findings = stream.close()
+    run.meta["detect"] = {"total_cost_s": stream.total_cost_s, "wall_s": stream.ctx.wall_ns / 1e9}
+    return findings

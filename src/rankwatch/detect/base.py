@@ -1,0 +1,125 @@
+"""The detector protocol and what detectors share.
+
+A detector folds a `Window` (the class cohorts completed since the last one,
+and the progress records written meanwhile) into its state, and says what it
+has concluded so far:
+
+    class Detector(Protocol):
+        def feed(self, window: Window) -> None: ...
+        def findings(self) -> list[Finding]: ...
+
+Detectors run in the order of `rankwatch.detect.DETECTORS` over the same
+window; an earlier one may add columns to `window.cohorts.recs` (desync marks
+misaligned records, the straggler detectors mark delays) and entries to the
+shared `Context` (culprits, their victims and cost) that later ones read.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+from rankwatch.detect.cohorts import Cohorts
+from rankwatch.detect.columns import ProgressColumns
+from rankwatch.detect.period import SlotMap
+from rankwatch.detect.topology import Topology
+from rankwatch.model import Finding
+
+
+@dataclass(frozen=True)
+class Config:
+    """Thresholds of the detectors (ns unless named otherwise)."""
+
+    # straggler: a hit is a local segment above the cohort median (and the rank's
+    # own baseline for that slot) by z_hit robust sigmas and at least hit_ns
+    z_hit: float = 6.0
+    hit_ns: float = 150e3
+    rel_hit: float = 0.01  # ... and this share of the cohort's median segment
+    sigma_floor_ns: float = 10e3
+    min_cohort: int = 3  # peers needed (same class, slot and stage) to judge a rank
+    learn: int = 4  # observations per (rank, slot) that form its baseline
+    # consecutive hits at one slot (one op, consecutive steps) or of one rank (consecutive
+    # ops) that fire; 3 keeps rare outliers (a slow kernel now and then, ~1e-3 per op)
+    # from ever lining up, even over 1,000 ranks and days of steps
+    persist: int = 3
+    persist_ops: int = 6  # consecutive late ops of one rank (a delay on every op) that fire
+    episode_gap_ops: int = 50  # a rank's ops without a hit that end its slow episode
+    # a straggler is reported when its own delays, or the job time it cost, reach this
+    # share of the wall time (see report.costly)
+    min_cost_share: float = 0.005
+    cusum_k: float = 1.5  # CUSUM over z (clipped): finds persistent shifts above ~2 k sigma
+    cusum_clip: float = 6.0
+    cusum_h: float = 15.0
+    host_share: float = 0.5  # arrival moved by this share of the GPU start: cause host
+    # transfer: an instance's transfer time above its baseline
+    z_xfer: float = 6.0
+    xfer_ns: float = 100e3
+    rel_xfer: float = 0.25
+    xfer_persist: int = 3
+    xfer_unexplained_ops: int = 10  # slow ops before a slowdown no rank explains is reported
+    # hangs
+    hang_min_ns: float = 1e9
+    hang_latency_factor: float = 5.0
+    # cohorts and windows
+    evict_ns: float = 2e9
+    recent_segments: int = 8  # what-if keeps this many steps for late confirmations
+
+
+@dataclass
+class Culprit:
+    """A rank found slow, with what the other detectors add to it."""
+
+    proc: int
+    cause: str  # host, gpu, transfer
+    comm: int
+    onset_seq: int
+    onset_ns: float
+    detected_seq: int
+    detected_ns: float
+    detected_comm: int
+    votes: dict[str, int] = field(default_factory=dict)
+    hits: int = 0
+    excess_ns: list[float] = field(default_factory=list)  # a sample, for the evidence
+    z: list[float] = field(default_factory=list)
+    ops: list[dict[str, Any]] = field(default_factory=list)
+    last_ns: float = 0.0
+    victims: dict[int, float] = field(default_factory=dict)  # proc -> wait ns caused
+    victim_comms: dict[int, set[int]] = field(default_factory=dict)
+    cost_ns: float = 0.0
+    cost_segments: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Context:
+    topo: Topology
+    config: Config
+    slots: SlotMap
+    culprits: dict[tuple[int, str], Culprit] = field(default_factory=dict)
+    first_ns: float = np.inf
+    last_ns: float = -np.inf
+    max_latency_ns: float = 0.0  # longest arrival-to-end of a complete op seen
+    total_cost_ns: float = 0.0
+
+    @property
+    def wall_ns(self) -> float:
+        return max(0.0, self.last_ns - self.first_ns) if np.isfinite(self.first_ns) else 0.0
+
+    def culprit_procs(self, cause: str | None = None) -> list[int]:
+        return sorted({p for (p, c) in self.culprits if cause is None or c == cause})
+
+
+@dataclass
+class Window:
+    now: float  # stream time: relative ns of the newest record seen
+    cohorts: Cohorts | None = None
+    progress: ProgressColumns | None = None
+    final: bool = False  # the stream ended (records may end without teardown)
+
+
+class Detector(Protocol):
+    def feed(self, window: Window) -> None: ...
+
+    def findings(self) -> list[Finding]: ...

@@ -1,0 +1,183 @@
+"""Per-record columns every detector needs, computed once as records stream in.
+
+Clock-free local segments (same process, same clock):
+  e_prev   the end of the process's previous op: the latest GPU end among its
+           last few ops that arrived before this one and ended before this one's
+           GPU start (ops on overlapping streams are skipped);
+  gap_g    gstart - e_prev: what the GPU did between the two ops (compute, waiting
+           for the launch). A straggler's own extra work shows here; a victim's
+           inherited lateness does not (it waited inside the previous op).
+  gap_h    arrival - e_prev: when the host called, relative to the same point
+           (negative while the host runs ahead of the GPU). It moves with gap_g
+           when the host is the cause and stays put when the GPU is.
+  dur      gend - gstart.
+Cohort keys: a class cohort is one op position (class, function, seq; for P2P
+class, sender, receiver, seq) over all communicators of a class, and an
+instance is its part on one communicator (`uid`). `op_index` counts a
+process's collectives on a communicator in issue order, which seq cannot (seq is
+per function); an op that arrives in a later batch than one issued after it
+shifts it by one for a moment, which desync.py tolerates.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from rankwatch.detect.columns import OpColumns
+from rankwatch.detect.records import Recs
+from rankwatch.detect.topology import RECV, SEND, Topology
+
+LOOKBACK = 3  # previous ops of a process considered for e_prev (a Send/Recv pair is 2)
+SEQ_BITS = 40
+MIX = np.uint64(0x9E3779B97F4A7C15)
+
+
+def cohort_keys(cls: np.ndarray, func: np.ndarray, seq: np.ndarray, sender, receiver) -> np.ndarray:
+    p2p = (func == SEND) | (func == RECV)
+    code = cls * 8 + np.where(p2p, SEND, func)
+    coll_payload = seq & ((1 << SEQ_BITS) - 1)
+    p2p_payload = ((sender & 0xFFF) << 28) | ((receiver & 0xFFF) << 16) | (seq & 0xFFFF)
+    return (code << SEQ_BITS) | np.where(p2p, p2p_payload, coll_payload)
+
+
+def instance_uid(key: np.ndarray, comm: np.ndarray) -> np.ndarray:
+    with np.errstate(over="ignore"):
+        u = key.astype(np.uint64) * MIX + comm.astype(np.uint64)
+    return u.view(np.int64)
+
+
+# columns the detectors read, and the narrower types they are kept in
+_I32 = np.int32
+KEEP: dict[str, type | None] = {
+    "proc": _I32,
+    "comm": _I32,
+    "rank": _I32,
+    "func": _I32,
+    "seq": None,
+    "peer": _I32,
+    "msg": None,
+    "arrival_c": None,
+    "gstart_c": None,
+    "gend_c": None,
+    "cls": _I32,
+    "stage": _I32,
+    "p2p": None,
+    "key": None,
+    "uid": None,
+    "sym": None,
+    "cslot": None,
+    "prev_uid": None,
+    "gap_g": None,
+    "gap_h": None,
+    "dur": None,
+    "op_index": None,
+}
+
+
+class Preparer:
+    """Adds the columns above to each batch; carries per-process state across batches."""
+
+    def __init__(self, topo: Topology) -> None:
+        self.topo = topo
+        n = topo.n_procs
+        self.carry_arrival = np.full((n, LOOKBACK), np.nan)
+        self.carry_gend = np.full((n, LOOKBACK), np.nan)
+        self.carry_uid = np.zeros((n, LOOKBACK), dtype=np.int64)
+        self.op_count = np.zeros(topo.n_slots, dtype=np.int64)
+
+    def __call__(self, ops: OpColumns) -> Recs:
+        t = self.topo
+        r = Recs({k: getattr(ops, k) for k in ops.__dataclass_fields__})
+        r.cls = t.comm_class[ops.comm]
+        r.stage = t.stage[ops.proc]
+        p2p = (ops.func == SEND) | (ops.func == RECV)
+        r.p2p = p2p
+        sender = np.where(ops.func == RECV, ops.peer, ops.rank)
+        receiver = np.where(ops.func == RECV, ops.rank, ops.peer)
+        r.key = cohort_keys(r.cls, ops.func, ops.seq, sender, receiver)
+        r.uid = instance_uid(r.key, ops.comm)
+        direction = np.where(p2p, np.where(ops.peer > ops.rank, 1, 2), 0)
+        r.sym = (r.cls * 8 + ops.func) * 4 + direction
+        r.cslot = t.slot_base[ops.comm] + np.minimum(ops.rank, t.comm_size[ops.comm] - 1)
+        self._gaps(r)
+        self._op_index(r)
+        return Recs({k: (getattr(r, k).astype(t) if t else getattr(r, k)) for k, t in KEEP.items()})
+
+    def _gaps(self, r: Recs) -> None:
+        n, m = len(r), LOOKBACK
+        order = np.argsort(r.proc, kind="stable")  # each process's ops, in stream order
+        proc = r.proc[order]
+        arr, end, uid = r.arrival[order], r.gend[order], r.uid[order]
+        cut = _first_finite(r.gstart, r.arrival)[order]
+        idx = np.arange(n)
+        first = np.r_[True, proc[1:] != proc[:-1]] if n else np.zeros(0, bool)
+        start = np.maximum.accumulate(np.where(first, idx, 0))
+        q = idx - start  # position among the process's new ops
+        best = np.full(n, -np.inf)
+        best_uid = np.zeros(n, dtype=np.int64)
+        for k in range(1, m + 1):
+            j = np.maximum(idx - k, 0)
+            p_arr, p_end, p_uid = arr[j], end[j], uid[j]
+            carried = np.flatnonzero(k > q)  # the k-th previous op came in an earlier batch
+            if len(carried):
+                pc, c = proc[carried], m - (k - q[carried])
+                p_arr[carried] = self.carry_arrival[pc, c]
+                p_end[carried] = self.carry_gend[pc, c]
+                p_uid[carried] = self.carry_uid[pc, c]
+            cand = np.where((p_arr < arr) & (p_end <= cut), p_end, -np.inf)
+            better = cand > best
+            best = np.where(better, cand, best)
+            best_uid = np.where(better, p_uid, best_uid)
+        e_prev = np.empty(n)
+        e_prev[order] = np.where(np.isfinite(best), best, np.nan)
+        prev_uid = np.empty(n, dtype=np.int64)
+        prev_uid[order] = best_uid
+        r.prev_uid = prev_uid
+        r.gap_g = r.gstart - e_prev
+        r.gap_h = r.arrival - e_prev
+        r.dur = r.gend - r.gstart
+        self._carry(proc, start, first, arr, end, uid)
+
+    def _carry(self, proc, start, first, arr, end, uid) -> None:
+        """Each process's last LOOKBACK ops (oldest first), old ones shifted out."""
+        m, n = LOOKBACK, len(proc)
+        if not n:
+            return
+        begins = np.flatnonzero(first)
+        ends = np.r_[begins[1:], n]
+        p, count = proc[begins], ends - begins
+        old = [self.carry_arrival[p].copy(), self.carry_gend[p].copy(), self.carry_uid[p].copy()]
+        for t in range(m):
+            back = m - 1 - t  # 0: the newest
+            new = back < count
+            src = np.where(new, ends - 1 - back, 0)
+            shifted = np.minimum(t + count, m - 1)
+            for dest, mine, before in zip(
+                (self.carry_arrival, self.carry_gend, self.carry_uid),
+                (arr, end, uid),
+                old,
+                strict=True,
+            ):
+                dest[p, t] = np.where(new, mine[src], before[np.arange(len(p)), shifted])
+
+    def _op_index(self, r: Recs) -> None:
+        idx = np.full(len(r), -1, dtype=np.int64)
+        coll = np.flatnonzero(~r.p2p)
+        if len(coll):
+            slots = r.cslot[coll]
+            # issue order: ops of one communicator can complete (and arrive) out of order
+            t = np.nan_to_num(r.arrival_c[coll], nan=0.0)
+            rel = np.clip(t - t.min(), 0, 2.0**40 - 1).astype(np.int64)
+            order = np.argsort((slots.astype(np.int64) << 23) + (rel >> 17), kind="stable")
+            s = slots[order]
+            first = np.ones(len(s), dtype=bool)
+            first[1:] = s[1:] != s[:-1]
+            start = np.maximum.accumulate(np.where(first, np.arange(len(s)), 0))
+            within = np.arange(len(s)) - start
+            idx[coll[order]] = self.op_count[s] + within
+            np.add.at(self.op_count, s, 1)
+        r.op_index = idx
+
+
+def _first_finite(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return np.where(np.isfinite(a), a, b)

@@ -1,0 +1,446 @@
+"""Straggler (cause host or gpu): a rank whose own work before collectives grows.
+
+Per class cohort, per stage and function (peers doing the same work), each
+rank's local segment gap_g (prepare.py) is compared with the cohort median, in
+robust sigmas. Stragglers are only ever late, so the scale comes from the early
+side (median minus lower quartile) once a cohort has 8 ranks, and from the
+MAD below that; several stragglers in one cohort then neither inflate it nor
+hide each other. Comparing local segments, not arrival times, keeps victims
+out: a rank that waited on a straggler and so arrives late at the next
+collective has a normal segment there.
+
+What is normal for a rank at a slot (a stage that always works longer, a rank
+that is always a bit late at one op) is learned from its first `learn`
+observations, shrunk toward zero by their uncertainty, and subtracted: a
+finding is a change from that baseline.
+
+Persistence, per (rank, slot), i.e. the same op in consecutive steps:
+  runs    `persist` consecutive hits (residual above max(z_hit sigma, hit_ns,
+          rel_hit x median segment));
+  CUSUM   S = max(0, S + min(z, z_clip) - cusum_k) >= cusum_h, for delays
+          below the hit threshold that persist (heavy noise);
+and per rank, `persist_ops` consecutive hits over its ops (a delay on every op).
+Noise, single outliers and small delays that rotate over ranks do not
+persist. The onset is where the run (or the CUSUM excursion) that fired began.
+
+Cause: host when the arrival (the API call) moved by at least host_share of
+the GPU start; gpu when the arrival stayed put and the GPU start moved.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from rankwatch.detect.base import Context, Culprit, Window
+from rankwatch.detect.cohorts import Cohorts
+from rankwatch.detect.grid import Grid
+from rankwatch.detect.records import Recs
+from rankwatch.detect.report import costly, render
+from rankwatch.detect.robust import MAD_SCALE, cusum, group_median, run_lengths
+from rankwatch.detect.topology import FUNCS
+from rankwatch.model import Finding
+
+SAMPLE_OPS = 6
+MAX_HIT_TIMES = 20000
+CLUSTER_GAP = 8.0
+MIN_CLUSTER = 10
+PLATEAU = 10
+MIN_PREFIX = 3
+PERSIST_HINT = 3  # the late op of a cluster taken as its detection point
+SIGMA_EWMA = 0.2
+Q_SCALE = 1 / 0.6745  # (median - lower quartile) -> standard deviation
+LOWER_SIDE_MIN = 8
+LOCAL = "local"  # culprit key for host/gpu stragglers; the cause is voted
+ONSET = ("seq", "ns", "comm", "func")  # where a run or excursion began
+
+
+def _slot_order(r: Recs, idx: np.ndarray, width: int) -> tuple[np.ndarray, np.ndarray]:
+    """idx sorted by (proc, slot, seq) with one integer sort, and the (proc, slot) key."""
+    flat = r.proc[idx].astype(np.int64) * width + r.slot[idx]
+    seq = r.seq[idx]
+    rel = (seq - seq.min()) if len(seq) else seq
+    order = np.argsort((flat << 24) | np.minimum(rel, (1 << 24) - 1), kind="stable")
+    return idx[order], flat[order]
+
+
+def _time_order(r: Recs, idx: np.ndarray) -> np.ndarray:
+    """idx sorted by (proc, GPU start) with one integer sort."""
+    t = np.nan_to_num(r.gstart_c[idx], nan=0.0)
+    rel = np.clip(t - (t.min() if len(t) else 0.0), 0, 2.0**40 - 1).astype(np.int64) >> 4
+    return idx[np.argsort((r.proc[idx].astype(np.int64) << 36) | rel, kind="stable")]
+
+
+def _dense(keys: np.ndarray, ok: np.ndarray) -> tuple[np.ndarray, int]:
+    """Dense ids of keys (those not ok share one id of their own); no sort when the
+    keys already come in order, as they do without pipeline stages."""
+    k = np.where(ok, keys, -1)
+    if len(k) and np.all(k[1:] >= k[:-1]):
+        first = np.r_[True, k[1:] != k[:-1]]
+        return np.cumsum(first) - 1, int(first.sum())
+    uniq, inv = np.unique(k, return_inverse=True)
+    return inv.reshape(-1), len(uniq)
+
+
+def _last(group: np.ndarray) -> np.ndarray:
+    return np.flatnonzero(np.r_[group[1:] != group[:-1], True]) if len(group) else group
+
+
+def _onsets(r: Recs, order: np.ndarray, started: np.ndarray, carried: np.ndarray) -> np.ndarray:
+    """(seq, ns, comm, func) where runs began: the record at position `started` of
+    `order` in this batch (>= 0), else the carried start of a run that began earlier."""
+    here = order[np.maximum(started, 0)]
+    own = np.stack([r.seq[here], r.arrival_c[here], r.comm[here], r.func[here]], axis=1).astype(
+        float
+    )
+    return np.where((started >= 0)[:, None], own, carried)
+
+
+def _first_fired(r: Recs, order, fired, onset, known) -> dict[int, tuple]:
+    """proc -> (record index, onset seq, ns, comm, func) of its earliest firing record,
+    for processes not yet known as culprits."""
+    out: dict[int, tuple] = {}
+    j = np.flatnonzero(fired)
+    j = j[~np.isin(r.proc[order[j]], known)]
+    j = j[np.argsort(r.arrival_c[order[j]], kind="stable")]
+    for k in j.tolist():
+        proc = int(r.proc[order[k]])
+        if proc not in out:
+            out[proc] = (int(order[k]), *onset[k].tolist())
+    return out
+
+
+class StragglerDetector:
+    def __init__(self, ctx: Context) -> None:
+        self.ctx = ctx
+        learn = ctx.config.learn
+        n = ctx.topo.n_procs
+        spec = {
+            "nobs": (np.int64, 0, 0),
+            "base": (np.float64, 0.0, 0),
+            "learn": (np.float64, np.nan, learn),
+            "learn_sig": (np.float64, np.nan, learn),
+            "run": (np.int64, 0, 0),
+            "cusum": (np.float64, 0.0, 0),
+            "run_at": (np.float64, -1.0, 4),
+            "cusum_at": (np.float64, -1.0, 4),
+        }
+        self.grid = Grid(n, spec)
+        self.sig_slot = np.zeros(0)
+        self.prun = np.zeros(n, dtype=np.int64)  # per-rank run over consecutive ops
+        self.prun_at = np.full((n, 4), -1.0)
+        self.votes = np.zeros((n, 2), dtype=np.int64)  # host, gpu
+        self.miss = np.zeros(n, dtype=np.int64)  # judged ops since the rank's last hit
+
+    # ------------------------------------------------------------------ feed
+    def feed(self, window: Window) -> None:
+        c = window.cohorts
+        if c is None:
+            return
+        r, cfg = c.recs, self.ctx.config
+        self.grid.ensure(self.ctx.slots.size)
+        if len(self.sig_slot) < self.ctx.slots.size:
+            self.sig_slot = np.r_[self.sig_slot, np.zeros(self.ctx.slots.size - len(self.sig_slot))]
+        excess, sg, n_sg, sigma, med, ok = self._cohort_stats(c)
+        resid = self._baseline(r, excess, sigma, ok)
+        judged = np.isfinite(resid)
+        floor = np.maximum(cfg.hit_ns, cfg.rel_hit * np.abs(np.nan_to_num(med)))
+        hit = judged & (resid > np.maximum(cfg.z_hit * sigma, floor))
+        excess_h = self._host_excess(r, sg, n_sg, ok, hit)
+        host = hit & (excess_h >= cfg.host_share * excess)
+        z = resid / sigma
+        r.resid, r.hit, r.sigma, r.excess_h = resid, hit, sigma, excess_h
+        r.sig = judged & (resid > 3 * sigma) & (resid > cfg.hit_ns / 2)
+        r.d_gap = np.where(r.sig, resid, 0.0)
+        np.add.at(self.votes[:, 0], r.proc[host], 1)
+        np.add.at(self.votes[:, 1], r.proc[hit & ~host], 1)
+        self._end_episodes()
+        fired = self._slot_persistence(r, judged, hit, z)
+        for proc, onset in self._rank_persistence(r, judged, hit).items():
+            if proc not in fired or onset[2] < fired[proc][2]:
+                fired[proc] = onset
+        self._confirm(r, fired)
+        self._accumulate(r, z)
+
+    def _cohort_stats(self, c: Cohorts):
+        """Excess of gap_g (and gap_h) over the median of its stats group, and sigma."""
+        r, cfg = c.recs, self.ctx.config
+        ok = np.isfinite(r.gap_g) & ~r.misaligned & ~c.partial[c.gid]
+        stages = int(r.stage.max()) + 1 if len(r) else 1
+        sg, n_sg = _dense((c.gid * stages + r.stage) * 8 + r.func, ok)
+        x = np.where(ok, r.gap_g, np.nan)
+        med = group_median(x, sg, n_sg)
+        count = np.bincount(sg[ok], minlength=n_sg)
+        dev = x - med[sg]
+        # scale: MAD; from 8 ranks on one-sided (the early half's median distance is
+        # 0.6745 sigma), which late ranks cannot inflate
+        big = count[sg] >= LOWER_SIDE_MIN
+        dist = np.where(big & (dev > 0), np.nan, np.abs(dev))
+        scale = np.where(count >= LOWER_SIDE_MIN, Q_SCALE, MAD_SCALE) * group_median(dist, sg, n_sg)
+        ok &= count[sg] >= cfg.min_cohort
+        sig_c = scale[sg]
+        self._update_sigma(r.slot[ok], sig_c[ok])
+        # a cohort's own scale is noisy (a few ranks); the slot's typical scale is not
+        typical = self.sig_slot[r.slot]
+        sigma = np.fmax(
+            np.where(typical > 0, 0.5 * (np.nan_to_num(sig_c) + typical), sig_c), cfg.sigma_floor_ns
+        )
+        excess = np.where(ok, dev, np.nan)
+        return excess, sg, n_sg, sigma, med[sg], ok
+
+    @staticmethod
+    def _host_excess(
+        r: Recs, sg: np.ndarray, n_sg: int, ok: np.ndarray, wanted: np.ndarray
+    ) -> np.ndarray:
+        """gap_h over its stats group's median, computed for the groups of `wanted` only."""
+        out = np.full(len(r), np.nan)
+        groups = np.unique(sg[wanted])
+        if not len(groups):
+            return out
+        sel = np.flatnonzero(np.isin(sg, groups) & ok)
+        local = np.searchsorted(groups, sg[sel])
+        med = group_median(r.gap_h[sel], local, len(groups))
+        out[sel] = r.gap_h[sel] - med[local]
+        return out
+
+    def _update_sigma(self, slot: np.ndarray, sig: np.ndarray) -> None:
+        if not len(slot):
+            return
+        per = group_median(sig, slot, len(self.sig_slot))
+        has = np.isfinite(per)
+        fresh = has & (self.sig_slot == 0)
+        self.sig_slot[fresh] = per[fresh]
+        upd = has & ~fresh
+        self.sig_slot[upd] += SIGMA_EWMA * (per[upd] - self.sig_slot[upd])
+
+    # ------------------------------------------------------------------ baseline
+    def _baseline(self, r: Recs, excess, sigma, ok) -> np.ndarray:
+        """Residual over the (proc, slot) baseline; NaN while that baseline is learned.
+
+        The baseline is the median of the first `learn` excesses, shrunk toward 0
+        by two standard errors: only a consistent offset is taken as normal."""
+        g, learn = self.grid, self.ctx.config.learn
+        order, flat = _slot_order(r, np.flatnonzero(ok), g.width)
+        self._order = (order, flat)  # reused by _slot_persistence
+        p, s = r.proc[order], r.slot[order]
+        first = np.r_[True, flat[1:] != flat[:-1]] if len(flat) else flat.astype(bool)
+        start = np.maximum.accumulate(np.where(first, np.arange(len(flat)), 0))
+        k = g["nobs"][p, s] + (np.arange(len(flat)) - start)
+        learning = k < learn
+        g["learn"][p[learning], s[learning], k[learning]] = excess[order][learning]
+        g["learn_sig"][p[learning], s[learning], k[learning]] = sigma[order][learning]
+        np.add.at(g["nobs"], (p, s), 1)
+        done = np.unique(flat[learning & (k == learn - 1)])
+        if len(done):
+            dp, ds = done // g.width, done % g.width
+            m = np.nanmedian(g["learn"][dp, ds], axis=1)
+            se = 2 * np.nanmedian(g["learn_sig"][dp, ds], axis=1) / np.sqrt(learn)
+            g["base"][dp, ds] = np.sign(m) * np.maximum(np.abs(m) - se, 0.0)
+        resid = np.full(len(r), np.nan)
+        judged = order[~learning]
+        resid[judged] = excess[judged] - g["base"][r.proc[judged], r.slot[judged]]
+        return resid
+
+    # ------------------------------------------------------------------ persistence
+    def _slot_persistence(self, r: Recs, judged, hit, z) -> dict[int, tuple]:
+        """Runs of hits and a CUSUM per (proc, slot): onsets of what fired."""
+        g, cfg = self.grid, self.ctx.config
+        order, flat = self._order  # the baseline's (proc, slot, seq) order, judged ones
+        keep = judged[order]
+        order, flat = order[keep], flat[keep]
+        first = np.r_[True, flat[1:] != flat[:-1]] if len(flat) else flat.astype(bool)
+        grp = np.cumsum(first) - 1
+        uniq = flat[first]
+        up, us = uniq // g.width, uniq % g.width
+        last = _last(grp)
+        run, started = run_lengths(hit[order], grp, g["run"][up, us])
+        step = np.minimum(np.nan_to_num(z[order]), cfg.cusum_clip) - cfg.cusum_k
+        s, began = cusum(step, grp, g["cusum"][up, us])
+        carried_run, carried_cusum = g["run_at"][up, us], g["cusum_at"][up, us]  # copies
+        g["run"][up, us], g["cusum"][up, us] = run[last], s[last]
+        g["run_at"][up, us] = np.where(
+            run[last, None] > 0, _onsets(r, order, started[last], carried_run), -1.0
+        )
+        g["cusum_at"][up, us] = np.where(
+            s[last, None] > 0, _onsets(r, order, began[last], carried_cusum), -1.0
+        )
+        by_run = run >= cfg.persist
+        fired = np.flatnonzero(by_run | (s >= cfg.cusum_h))
+        fired = fired[~np.isin(r.proc[order[fired]], self._known())]
+        if not len(fired):
+            return {}
+        at_run = _onsets(r, order, started[fired], carried_run[grp[fired]])
+        at_cusum = _onsets(r, order, began[fired], carried_cusum[grp[fired]])
+        onset = np.where(by_run[fired, None], at_run, at_cusum)
+        return _first_fired(r, order[fired], np.ones(len(fired), bool), onset, [])
+
+    def _rank_persistence(self, r: Recs, judged, hit) -> dict[int, tuple]:
+        """Runs of consecutive hits per rank over its ops in time order."""
+        order = _time_order(r, np.flatnonzero(judged))
+        p = r.proc[order]
+        run, started = run_lengths(hit[order], p, self.prun)
+        last = _last(p)
+        miss, _ = run_lengths(~hit[order], p, self.miss)
+        self.miss[p[last]] = miss[last]
+        carried = self.prun_at.copy()
+        self.prun_at[p[last]] = np.where(
+            run[last, None] > 0, _onsets(r, order, started[last], carried[p[last]]), -1.0
+        )
+        self.prun[p[last]] = run[last]
+        fired = np.flatnonzero(run >= self.ctx.config.persist_ops)
+        fired = fired[~np.isin(p[fired], self._known())]
+        if not len(fired):
+            return {}
+        onset = _onsets(r, order, started[fired], carried[p[fired]])
+        return _first_fired(r, order[fired], np.ones(len(fired), bool), onset, [])
+
+    # ------------------------------------------------------------------ culprits
+    def _known(self) -> list[int]:
+        """Ranks in an active episode (hit within the last episode_gap_ops of their ops)."""
+        return [
+            p
+            for (p, kind), cul in self.ctx.culprits.items()
+            if kind == LOCAL and cul.extra["active"]
+        ]
+
+    def _end_episodes(self) -> None:
+        gap = self.ctx.config.episode_gap_ops
+        for (p, kind), cul in self.ctx.culprits.items():
+            if kind == LOCAL and self.miss[p] >= gap:
+                cul.extra["active"] = False
+
+    def _confirm(self, r: Recs, fired: dict[int, tuple]) -> None:
+        """A new culprit, or a new episode of a known one (a later slowdown)."""
+        for proc, (i, seq, ns, comm, func) in sorted(fired.items()):
+            if comm < 0:
+                continue
+            episode = {
+                "onset_seq": int(seq),
+                "onset_ns": float(ns),
+                "comm": int(comm),
+                "onset_func": FUNCS[int(func)],
+                "detected_seq": int(r.seq[i]),
+                "detected_ns": float(r.arrival_c[i]),
+                "detected_comm": int(r.comm[i]),
+                "detected_func": FUNCS[int(r.func[i])],
+                "hits": 0,
+            }
+            cul = self.ctx.culprits.get((proc, LOCAL))
+            if cul is None:
+                cul = Culprit(
+                    proc=proc,
+                    cause="gpu",
+                    comm=int(comm),
+                    onset_seq=int(seq),
+                    onset_ns=float(ns),
+                    detected_seq=int(r.seq[i]),
+                    detected_ns=float(r.arrival_c[i]),
+                    detected_comm=int(r.comm[i]),
+                )
+                cul.extra["episodes"] = []
+                self.ctx.culprits[(proc, LOCAL)] = cul
+            cul.extra["episodes"].append(episode)
+            cul.extra["active"] = True
+            _main_episode(cul)
+
+    def _accumulate(self, r: Recs, z: np.ndarray) -> None:
+        known = self._known()
+        if not known:
+            return
+        mine = np.isin(r.proc, known)
+        own = np.zeros(self.ctx.topo.n_procs)
+        np.add.at(own, r.proc[mine], r.d_gap[mine])
+        for p in known:
+            cul = self.ctx.culprits[(p, LOCAL)]
+            cul.extra["own_ns"] = cul.extra.get("own_ns", 0.0) + float(own[p])
+        for i in np.flatnonzero(r.hit & np.isin(r.proc, known)).tolist():
+            cul = self.ctx.culprits[(int(r.proc[i]), LOCAL)]
+            cul.hits += 1
+            cul.extra["episodes"][-1]["hits"] += 1
+            times = cul.extra.setdefault("hit_at", [])
+            if len(times) < MAX_HIT_TIMES:
+                times.append(
+                    (
+                        float(r.arrival_c[i]),
+                        int(r.seq[i]),
+                        int(r.comm[i]),
+                        int(r.func[i]),
+                        float(r.resid[i]),
+                    )
+                )
+            cul.last_ns = max(cul.last_ns, float(r.arrival_c[i]))
+            if len(cul.excess_ns) < 4096:
+                cul.excess_ns.append(float(r.resid[i]))
+                cul.z.append(float(z[i]))
+            if len(cul.ops) < SAMPLE_OPS:
+                cul.ops.append(self._op(r, i, z[i]))
+
+    def _op(self, r: Recs, i: int, z: float) -> dict:
+        return {
+            "comm": self.ctx.topo.comms[int(r.comm[i])].name,
+            "func": FUNCS[int(r.func[i])],
+            "seq": int(r.seq[i]),
+            "gap_ns": float(r.gap_g[i]),
+            "peers_median_gap_ns": float(r.gap_g[i] - r.resid[i]),
+            "excess_ns": float(r.resid[i]),
+            "z": round(float(z), 1),
+            "arrival_excess_ns": float(r.excess_h[i]),
+        }
+
+    # ------------------------------------------------------------------ report
+    def findings(self) -> list[Finding]:
+        out = []
+        for (proc, kind), cul in sorted(self.ctx.culprits.items()):
+            if kind != LOCAL:
+                continue
+            host, gpu = self.votes[proc]
+            cul.cause = "host" if host > gpu else "gpu"
+            cul.votes = {"host": int(host), "gpu": int(gpu)}
+            _main_episode(cul)
+            if costly(self.ctx, cul):
+                out.append(render(self.ctx, cul))
+        return out
+
+
+def _main_episode(cul: Culprit) -> None:
+    """The finding describes the rank's longest episode (most late ops), starting at
+    its densest run of late ops: late ops more than CLUSTER_GAP typical gaps apart
+    (noise before the slowdown) are a separate cluster."""
+    eps = cul.extra["episodes"]
+    main = max(eps, key=lambda e: e["hits"])
+    cul.onset_seq, cul.onset_ns, cul.comm = main["onset_seq"], main["onset_ns"], main["comm"]
+    cul.detected_seq, cul.detected_ns = main["detected_seq"], main["detected_ns"]
+    cul.detected_comm = main["detected_comm"]
+    cul.extra["onset_func"], cul.extra["detected_func"] = main["onset_func"], main["detected_func"]
+    cul.extra["evidence"] = {"episodes": len(eps)} if len(eps) > 1 else {}
+    hits = sorted(h for h in cul.extra.get("hit_at", []) if h[0] >= main["onset_ns"])
+    k = _plateau(hits)
+    if k is None or hits[k][0] <= cul.onset_ns:
+        return
+    first = hits[k]
+    cul.onset_ns, cul.onset_seq, cul.comm = first[0], first[1], first[2]
+    cul.extra["onset_func"] = FUNCS[first[3]]
+    if first[0] >= cul.detected_ns:  # noise fired first; the slowdown confirms later
+        det = hits[min(k + PERSIST_HINT - 1, len(hits) - 1)]
+        cul.detected_ns, cul.detected_seq, cul.detected_comm = det[0], det[1], det[2]
+        cul.extra["detected_func"] = FUNCS[det[3]]
+
+
+def _plateau(hits: list[tuple]) -> int | None:
+    """Where the steady slowdown begins among an episode's late ops: the first from
+    which most of the next PLATEAU late ops are at least half the typical excess and
+    follow each other closely; earlier late ops were noise."""
+    if len(hits) < MIN_CLUSTER:
+        return None
+    t = np.array([h[0] for h in hits])
+    big = np.array([h[4] for h in hits]) >= 0.5 * float(np.median([h[4] for h in hits]))
+    gaps = np.diff(t)
+    close = np.r_[gaps <= CLUSTER_GAP * max(float(np.median(gaps)), 1.0), False]
+    ok = big & close
+    n = len(hits) - PLATEAU
+    if n <= 0:
+        return None
+    window = np.convolve(ok.astype(float), np.ones(PLATEAU), "valid")[:n] / PLATEAU
+    good = np.flatnonzero(big[:n] & (window >= 0.8))
+    if not len(good) or good[0] < MIN_PREFIX:
+        return None  # no noise before the plateau worth cutting off
+    return int(good[0])
