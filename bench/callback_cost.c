@@ -224,6 +224,24 @@ static const char kLL[] = "LL";
 
 static inline int load_mask(void) { return __atomic_load_n(&g_mask, __ATOMIC_RELAXED); }
 
+/* The Coll descriptor NCCL passes for this benchmark's AllReduce. */
+static inline ncclProfilerEventDescr_v6_t coll_descr(comm_t *c, void *parent, void *group) {
+  ncclProfilerEventDescr_v6_t d = {.type = ncclProfileColl, .parentObj = parent, .rank = 0};
+  d.coll.seqNumber = c->seq++;
+  d.coll.func = kAllReduce;
+  d.coll.sendBuff = (const void *)(uintptr_t)0x10000000;
+  d.coll.recvBuff = (void *)(uintptr_t)0x20000000;
+  d.coll.count = opt_count;
+  d.coll.root = 0;
+  d.coll.datatype = kFloat32;
+  d.coll.nChannels = (uint8_t)opt_nch;
+  d.coll.nWarps = 8;
+  d.coll.algo = kRing;
+  d.coll.proto = kLL;
+  d.coll.parentGroup = group;
+  return d;
+}
+
 static inline void ring_push(comm_t *c, uint64_t pos, void *h, uint32_t phase) {
   ring_ent_t *e = &c->ring[pos & (RING_SIZE - 1)];
   e->h = h;
@@ -316,19 +334,7 @@ static inline unsigned do_op_seq(comm_t *c, void **coll_out, int *kch) {
     calls++;
   }
   if (co) {
-    ncclProfilerEventDescr_v6_t d = {.type = ncclProfileColl, .parentObj = hCA, .rank = 0};
-    d.coll.seqNumber = c->seq++;
-    d.coll.func = kAllReduce;
-    d.coll.sendBuff = (const void *)(uintptr_t)0x10000000;
-    d.coll.recvBuff = (void *)(uintptr_t)0x20000000;
-    d.coll.count = opt_count;
-    d.coll.root = 0;
-    d.coll.datatype = kFloat32;
-    d.coll.nChannels = (uint8_t)opt_nch;
-    d.coll.nWarps = 8;
-    d.coll.algo = kRing;
-    d.coll.proto = kLL;
-    d.coll.parentGroup = hG;
+    ncclProfilerEventDescr_v6_t d = coll_descr(c, hCA, hG);
     P->startEvent(c->ctx, &hC, &d);
     calls++;
     if (hC) {
@@ -354,19 +360,7 @@ static inline unsigned do_coll_pair(comm_t *c, void **coll_out, int *kch) {
   const int mask = load_mask();
   void *hC = NULL;
   unsigned calls = 0;
-  ncclProfilerEventDescr_v6_t d = {.type = ncclProfileColl, .parentObj = NULL, .rank = 0};
-  d.coll.seqNumber = c->seq++;
-  d.coll.func = kAllReduce;
-  d.coll.sendBuff = (const void *)(uintptr_t)0x10000000;
-  d.coll.recvBuff = (void *)(uintptr_t)0x20000000;
-  d.coll.count = opt_count;
-  d.coll.root = 0;
-  d.coll.datatype = kFloat32;
-  d.coll.nChannels = (uint8_t)opt_nch;
-  d.coll.nWarps = 8;
-  d.coll.algo = kRing;
-  d.coll.proto = kLL;
-  d.coll.parentGroup = NULL;
+  ncclProfilerEventDescr_v6_t d = coll_descr(c, NULL, NULL);
   P->startEvent(c->ctx, &hC, &d);
   calls++;
   if (hC) {

@@ -69,7 +69,8 @@ def test_sigkill_loses_at_most_the_last_drain_period(tmp_path: Path) -> None:
     assert len(records) > 100
     last_written = max(r["metadata"]["dump_timestamp_us"] for r in records) * 1000
     assert before_kill - last_written < 200_000_000  # well within a few drain periods
-    assert b"\n" not in tail
+    # and a line cut by the kill is only ever a record's beginning
+    assert tail == b"" or tail.startswith(b'{"header":')
 
 
 def test_progress_records_keep_coming_while_the_job_hangs(tmp_path: Path) -> None:

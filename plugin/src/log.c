@@ -14,7 +14,10 @@ static void emit(ncclDebugLogLevel level, const char *fmt, va_list ap) {
 }
 
 void rw_warn_once(enum rw_warn_cause cause, const char *fmt, ...) {
-  if ((unsigned)cause >= RW_WARN_NCAUSES || atomic_exchange(&warned[cause], 1)) return;
+  /* A plain load first: the pool-full path calls this for every dropped op. */
+  if ((unsigned)cause >= RW_WARN_NCAUSES || atomic_load_explicit(&warned[cause],
+      memory_order_relaxed) || atomic_exchange(&warned[cause], 1))
+    return;
   va_list ap;
   va_start(ap, fmt);
   emit(NCCL_LOG_WARN, fmt, ap);

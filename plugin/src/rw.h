@@ -55,8 +55,7 @@ enum {
   RW_FUNC_REDUCESCATTER,
   RW_FUNC_ALLREDUCE,
   RW_FUNC_SEND,
-  RW_FUNC_RECV,
-  RW_FUNC_OTHER_FIRST, /* AlltoAll, Gather, Scatter, SendRecv, ... */
+  RW_FUNC_RECV, /* then AlltoAll, Gather, Scatter, SendRecv, ...: names.c */
   RW_NFUNC = 16,
 };
 #define RW_NCOLL_FUNCS 6 /* ids 0..5 have per-communicator sequence tables */
