@@ -45,10 +45,13 @@ class Config:
     # from ever lining up, even over 1,000 ranks and days of steps
     persist: int = 3
     persist_ops: int = 6  # consecutive late ops of one rank (a delay on every op) that fire
+    pair_persist: int = 6  # the same for cohorts of two ranks (see straggler.py)
+    pair_persist_ops: int = 0  # 0: off (see straggler.py)
     episode_gap_ops: int = 50  # a rank's ops without a hit that end its slow episode
     # a straggler is reported when its own delays, or the job time it cost, reach this
     # share of the wall time (see report.costly)
     min_cost_share: float = 0.005
+    pair_min_cost_share: float = 0.02
     cusum_k: float = 1.5  # CUSUM over z (clipped): finds persistent shifts above ~2 k sigma
     cusum_clip: float = 6.0
     cusum_h: float = 15.0

@@ -27,6 +27,7 @@ from rankwatch.detect.columns import OpColumns
 from rankwatch.detect.records import Recs
 from rankwatch.detect.topology import RECV, SEND, Topology
 
+STALE_SLACK_NS = 2000.0  # clock jitter allowed between one op's end and the next's start
 LOOKBACK = 3  # previous ops of a process considered for e_prev (a Send/Recv pair is 2)
 SEQ_BITS = 40
 MIX = np.uint64(0x9E3779B97F4A7C15)
@@ -84,6 +85,8 @@ class Preparer:
         self.carry_gend = np.full((n, LOOKBACK), np.nan)
         self.carry_uid = np.zeros((n, LOOKBACK), dtype=np.int64)
         self.op_count = np.zeros(topo.n_slots, dtype=np.int64)
+        self.slot_end = np.full(topo.n_slots, np.nan)  # last op's GPU end per (comm, rank)
+        self.slot_start = np.full(topo.n_slots, np.nan)
 
     def __call__(self, ops: OpColumns) -> Recs:
         t = self.topo
@@ -99,9 +102,34 @@ class Preparer:
         direction = np.where(p2p, np.where(ops.peer > ops.rank, 1, 2), 0)
         r.sym = (r.cls * 8 + ops.func) * 4 + direction
         r.cslot = t.slot_base[ops.comm] + np.minimum(ops.rank, t.comm_size[ops.comm] - 1)
+        self._stale_starts(r)
         self._gaps(r)
         self._op_index(r)
         return Recs({k: (getattr(r, k).astype(t) if t else getattr(r, k)) for k, t in KEEP.items()})
+
+    def _stale_starts(self, r: Recs) -> None:
+        """Forget GPU starts that belong to an earlier op: NCCL runs a communicator's
+        kernels in order, so a start before the previous op's end on the same
+        communicator and rank is stale (unless both ran in one kernel and share the
+        start). Newer plugins flag these themselves; older records and other
+        writers do not."""
+        n = len(r)
+        if not n:
+            return
+        order = np.lexsort((np.nan_to_num(r.arrival, nan=np.inf), r.cslot))
+        s, gs, ge = r.cslot[order], r.gstart[order], r.gend[order]
+        first = np.r_[True, s[1:] != s[:-1]]
+        prev_end, prev_start = np.r_[np.nan, ge[:-1]], np.r_[np.nan, gs[:-1]]
+        prev_end[first], prev_start[first] = self.slot_end[s[first]], self.slot_start[s[first]]
+        with np.errstate(invalid="ignore"):
+            stale = (gs + STALE_SLACK_NS < prev_end) & (gs != prev_start)
+        last = np.flatnonzero(np.r_[s[1:] != s[:-1], True])
+        self.slot_end[s[last]], self.slot_start[s[last]] = ge[last], gs[last]
+        if stale.any():
+            bad = order[stale]
+            r.gstart, r.gstart_c = r.gstart.copy(), r.gstart_c.copy()
+            r.gstart[bad] = np.nan
+            r.gstart_c[bad] = np.nan
 
     def _gaps(self, r: Recs) -> None:
         n, m = len(r), LOOKBACK

@@ -10,12 +10,15 @@ from rankwatch.model import Finding, Since
 
 def costly(ctx: Context, cul: Culprit) -> bool:
     """Worth a finding: its own delays, the job time it cost, or would cost once the
-    other stragglers are fixed, reach min_cost_share of the wall time. (A slow rank
+    other stragglers are fixed, reach min_cost_share of the wall time (pair_min_cost_share
+    for a rank judged against a single peer: less evidence, so only what matters). (A slow rank
     whose delay the job absorbs is still reported, with its cost near 0; a blip of
     a few late ops in a long job is not.)"""
     wall = ctx.wall_ns
     impact = max(cul.cost_ns, cul.extra.get("cost_alone_ns", 0.0), cul.extra.get("own_ns", 0.0))
-    return not wall or impact >= ctx.config.min_cost_share * wall
+    cfg = ctx.config
+    share = cfg.pair_min_cost_share if cul.extra.get("pair") else cfg.min_cost_share
+    return not wall or impact >= share * wall
 
 
 def render(ctx: Context, cul: Culprit) -> Finding:

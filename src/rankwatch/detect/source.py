@@ -38,15 +38,18 @@ def _rel(col: str, t0: int) -> str:
 
 
 def ops_sql(t0: int) -> str:
+    # An incomplete op (written before NCCL reported all its channels) still
+    # counts in the communicator's order of ops (desync), but its GPU times do not.
+    gpu = "CASE WHEN coalesce(o.complete, true) THEN {} END"
     times = ", ".join(
         f"{_rel(c, t0)} AS {a}"
         for c, a in (
             ("o.arrival_ns", "arrival"),
-            ("o.gpu_start_ns", "gstart"),
-            ("o.gpu_end_ns", "gend"),
+            (gpu.format("o.gpu_start_ns"), "gstart"),
+            (gpu.format("o.gpu_end_ns"), "gend"),
             ("o.arrival_c", "arrival_c"),
-            ("o.gpu_start_c", "gstart_c"),
-            ("o.gpu_end_c", "gend_c"),
+            (gpu.format("o.gpu_start_c"), "gstart_c"),
+            (gpu.format("o.gpu_end_c"), "gend_c"),
         )
     )
     return f"""
@@ -56,7 +59,7 @@ SELECT p.proc, c.comm, o.rank, {func_case_sql("o.func")} AS func, coalesce(o.seq
 FROM ops_aligned o
 JOIN rw_det_procs p ON p.host = o.host AND p.pid = o.pid
 JOIN rw_det_comms c ON c.comm_key = o.comm_key
-WHERE o.kind IN ('coll', 'p2p') AND coalesce(o.complete, true) AND o.seq IS NOT NULL
+WHERE o.kind IN ('coll', 'p2p') AND o.seq IS NOT NULL
 ORDER BY coalesce(o.gpu_end_c, o.arrival_c), p.proc
 """
 

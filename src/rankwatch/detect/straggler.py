@@ -20,6 +20,12 @@ Persistence, per (rank, slot), i.e. the same op in consecutive steps:
   CUSUM   S = max(0, S + min(z, z_clip) - cusum_k) >= cusum_h, for delays
           below the hit threshold that persist (heavy noise);
 and per rank, `persist_ops` consecutive hits over its ops (a delay on every op).
+Pair cohorts (two ranks) have no majority to tell noise from a straggler, and
+real two-rank jobs show millisecond swaps of who waits: they need
+`pair_persist` steps (or twice the CUSUM threshold) at one slot. The per-rank
+run is off for pairs by default: one late start of a step makes every later op
+of that step look late (the peer waits and its segments shrink), so a single
+slow step would fill it.
 Noise, single outliers and small delays that rotate over ranks do not
 persist. The onset is where the run (or the CUSUM excursion) that fired began.
 
@@ -48,6 +54,9 @@ PLATEAU = 10
 MIN_PREFIX = 3
 PERSIST_HINT = 3  # the late op of a cluster taken as its detection point
 SIGMA_EWMA = 0.2
+PAIR_EWMA = 0.05
+PAIR_LEARN = 8
+CAUSE_HITS = 8  # late ops per (rank, slot) that decide the cause
 Q_SCALE = 1 / 0.6745  # (median - lower quartile) -> standard deviation
 LOWER_SIDE_MIN = 8
 LOCAL = "local"  # culprit key for host/gpu stragglers; the cause is voted
@@ -79,6 +88,16 @@ def _dense(keys: np.ndarray, ok: np.ndarray) -> tuple[np.ndarray, int]:
         return np.cumsum(first) - 1, int(first.sum())
     uniq, inv = np.unique(k, return_inverse=True)
     return inv.reshape(-1), len(uniq)
+
+
+def _reference(x: np.ndarray, group: np.ndarray, n_groups: int, count: np.ndarray) -> np.ndarray:
+    """Per group: the median, or the smaller value in a group of two."""
+    ref = group_median(x, group, n_groups)
+    if (count == 2).any():
+        lo = np.full(n_groups, np.inf)
+        np.fmin.at(lo, group, np.where(np.isfinite(x), x, np.inf))
+        ref = np.where(count == 2, lo, ref)
+    return ref
 
 
 def _last(group: np.ndarray) -> np.ndarray:
@@ -126,9 +145,13 @@ class StragglerDetector:
         }
         self.grid = Grid(n, spec)
         self.sig_slot = np.zeros(0)
+        self.pair_sig = np.zeros(0)  # pair cohorts' typical difference, per slot
+        self.pair_learn: dict[int, list[float]] = {}
         self.prun = np.zeros(n, dtype=np.int64)  # per-rank run over consecutive ops
         self.prun_at = np.full((n, 4), -1.0)
         self.votes = np.zeros((n, 2), dtype=np.int64)  # host, gpu
+        self.slot_excess = np.zeros((n, 0, 2))  # per rank and slot: host, gpu excess (ns)
+        self.slot_hits = np.zeros((n, 0), dtype=np.int64)
         self.miss = np.zeros(n, dtype=np.int64)  # judged ops since the rank's last hit
 
     # ------------------------------------------------------------------ feed
@@ -139,7 +162,9 @@ class StragglerDetector:
         r, cfg = c.recs, self.ctx.config
         self.grid.ensure(self.ctx.slots.size)
         if len(self.sig_slot) < self.ctx.slots.size:
-            self.sig_slot = np.r_[self.sig_slot, np.zeros(self.ctx.slots.size - len(self.sig_slot))]
+            grow = np.zeros(self.ctx.slots.size - len(self.sig_slot))
+            self.sig_slot = np.r_[self.sig_slot, grow]
+            self.pair_sig = np.r_[self.pair_sig, grow]
         excess, sg, n_sg, sigma, med, ok = self._cohort_stats(c)
         resid = self._baseline(r, excess, sigma, ok)
         judged = np.isfinite(resid)
@@ -153,6 +178,7 @@ class StragglerDetector:
         r.d_gap = np.where(r.sig, resid, 0.0)
         np.add.at(self.votes[:, 0], r.proc[host], 1)
         np.add.at(self.votes[:, 1], r.proc[hit & ~host], 1)
+        self._slot_cause(r, hit, host, resid)
         self._end_episodes()
         fired = self._slot_persistence(r, judged, hit, z)
         for proc, onset in self._rank_persistence(r, judged, hit).items():
@@ -161,31 +187,104 @@ class StragglerDetector:
         self._confirm(r, fired)
         self._accumulate(r, z)
 
+    def _slot_cause(self, r: Recs, hit, host, resid) -> None:
+        """Excess per (rank, slot) and cause over the first CAUSE_HITS late ops at each
+        slot. The cause of a finding is that of the op where most of the delay
+        appears (see _cause): after a rank starts a step late, its peers wait inside
+        their ops and their segments shrink, so the rank's later ops of the step
+        look late by their ordinary work, a GPU pattern, whatever delayed the step.
+        Only the first late ops count: a slowdown that lasts changes what is around
+        it (a GPU far behind fills the launch queue and holds the host back too),
+        and the onset shows the cause most plainly."""
+        n, n_slots = self.slot_excess.shape[0], self.ctx.slots.size
+        if self.slot_excess.shape[1] < n_slots:
+            extra = n_slots - self.slot_excess.shape[1]
+            self.slot_excess = np.concatenate([self.slot_excess, np.zeros((n, extra, 2))], axis=1)
+            self.slot_hits = np.concatenate(
+                [self.slot_hits, np.zeros((n, extra), dtype=np.int64)], axis=1
+            )
+        idx = np.flatnonzero(hit & (r.slot < n_slots))
+        if not len(idx):
+            return
+        idx = idx[np.lexsort((r.seq[idx], r.slot[idx], r.proc[idx]))]
+        p, sl = r.proc[idx], r.slot[idx]
+        first = np.r_[True, (p[1:] != p[:-1]) | (sl[1:] != sl[:-1])]
+        start = np.maximum.accumulate(np.where(first, np.arange(len(idx)), 0))
+        count = self.slot_hits[p, sl] + (np.arange(len(idx)) - start)
+        early = count < CAUSE_HITS
+        cause = np.where(host[idx], 0, 1)
+        np.add.at(self.slot_excess, (p[early], sl[early], cause[early]), resid[idx][early])
+        np.add.at(self.slot_hits, (p, sl), 1)
+
+    def _cause(self, proc: int) -> str:
+        per_slot = self.slot_excess[proc] if self.slot_excess.shape[1] else None
+        if per_slot is None or not per_slot.any():
+            host, gpu = self.votes[proc]
+            return "host" if host > gpu else "gpu"
+        top = per_slot[int(np.argmax(per_slot.sum(axis=1)))]
+        return "host" if top[0] > top[1] else "gpu"
+
     def _cohort_stats(self, c: Cohorts):
-        """Excess of gap_g (and gap_h) over the median of its stats group, and sigma."""
+        """Excess of gap_g (and gap_h) over the reference of its stats group, and sigma.
+
+        The reference is the group's median; in a group of two (a two-rank job) the
+        median is the mean, so each rank would be half late: there the reference
+        is the earlier rank, and the scale is the pair's typical difference learned
+        from their history (see _pair_sigma)."""
         r, cfg = c.recs, self.ctx.config
         ok = np.isfinite(r.gap_g) & ~r.misaligned & ~c.partial[c.gid]
         stages = int(r.stage.max()) + 1 if len(r) else 1
         sg, n_sg = _dense((c.gid * stages + r.stage) * 8 + r.func, ok)
         x = np.where(ok, r.gap_g, np.nan)
-        med = group_median(x, sg, n_sg)
         count = np.bincount(sg[ok], minlength=n_sg)
-        dev = x - med[sg]
+        pair = count[sg] == 2
+        ref = _reference(x, sg, n_sg, count)
+        dev = x - ref[sg]
         # scale: MAD; from 8 ranks on one-sided (the early half's median distance is
         # 0.6745 sigma), which late ranks cannot inflate
         big = count[sg] >= LOWER_SIDE_MIN
         dist = np.where(big & (dev > 0), np.nan, np.abs(dev))
         scale = np.where(count >= LOWER_SIDE_MIN, Q_SCALE, MAD_SCALE) * group_median(dist, sg, n_sg)
-        ok &= count[sg] >= cfg.min_cohort
+        ok &= (count[sg] >= cfg.min_cohort) | pair
         sig_c = scale[sg]
-        self._update_sigma(r.slot[ok], sig_c[ok])
+        many = ok & ~pair
+        self._update_sigma(r.slot[many], sig_c[many])
         # a cohort's own scale is noisy (a few ranks); the slot's typical scale is not
         typical = self.sig_slot[r.slot]
         sigma = np.fmax(
             np.where(typical > 0, 0.5 * (np.nan_to_num(sig_c) + typical), sig_c), cfg.sigma_floor_ns
         )
+        self._pair = pair
+        if pair.any():
+            sigma = np.where(pair, self._pair_sigma(r.slot, dev, ok & pair), sigma)
         excess = np.where(ok, dev, np.nan)
-        return excess, sg, n_sg, sigma, med[sg], ok
+        return excess, sg, n_sg, sigma, ref[sg], ok
+
+    def _pair_sigma(self, slot: np.ndarray, dev: np.ndarray, pair: np.ndarray) -> np.ndarray:
+        """Sigma of pair cohorts: the slot's typical |difference| between the two
+        ranks (median |X1 - X0| is 0.954 sigma for normal noise): the median of its
+        first PAIR_LEARN observations (robust to warm-up steps), then updated only
+        by inliers, so that a straggler's own delays never become the scale that
+        hides it."""
+        floor = self.ctx.config.sigma_floor_ns
+        idx = np.flatnonzero(pair & (dev > 0))  # one per pair: the later rank's difference
+        idx = idx[np.argsort(slot[idx], kind="stable")]
+        s_all, est_all = slot[idx], np.abs(dev[idx]) / 0.954
+        bounds = np.flatnonzero(np.r_[True, s_all[1:] != s_all[:-1], True])
+        for a, b in zip(bounds[:-1], bounds[1:], strict=True):
+            s, est = int(s_all[a]), est_all[a:b]
+            seen = self.pair_learn.setdefault(s, [])
+            if len(seen) < PAIR_LEARN:
+                seen.extend(est[: PAIR_LEARN - len(seen)].tolist())
+                self.pair_sig[s] = float(np.median(seen))
+                est = est[b - a - max(0, len(est) - PAIR_LEARN + len(seen)) :]
+                continue
+            cur = max(self.pair_sig[s], floor)
+            inl = est[est <= 3.0 * cur]
+            if len(inl):
+                w = 1.0 - (1.0 - PAIR_EWMA) ** len(inl)
+                self.pair_sig[s] += w * (float(np.median(inl)) - self.pair_sig[s])
+        return np.fmax(self.pair_sig[slot], floor)
 
     @staticmethod
     def _host_excess(
@@ -198,8 +297,13 @@ class StragglerDetector:
             return out
         sel = np.flatnonzero(np.isin(sg, groups) & ok)
         local = np.searchsorted(groups, sg[sel])
-        med = group_median(r.gap_h[sel], local, len(groups))
-        out[sel] = r.gap_h[sel] - med[local]
+        count = np.bincount(local, minlength=len(groups))
+        # Only the part of gap_h after the previous op's end can have delayed the
+        # GPU: a host that calls while the GPU is still busy (gap_h < 0) is ahead,
+        # however much later than its peer's host it calls.
+        waited = np.maximum(r.gap_h[sel], 0.0)
+        ref = _reference(waited, local, len(groups), count)
+        out[sel] = waited - ref[local]
         return out
 
     def _update_sigma(self, slot: np.ndarray, sig: np.ndarray) -> None:
@@ -263,8 +367,9 @@ class StragglerDetector:
         g["cusum_at"][up, us] = np.where(
             s[last, None] > 0, _onsets(r, order, began[last], carried_cusum), -1.0
         )
-        by_run = run >= cfg.persist
-        fired = np.flatnonzero(by_run | (s >= cfg.cusum_h))
+        pair = self._pair[order]
+        by_run = run >= np.where(pair, cfg.pair_persist, cfg.persist)
+        fired = np.flatnonzero(by_run | (s >= np.where(pair, 2 * cfg.cusum_h, cfg.cusum_h)))
         fired = fired[~np.isin(r.proc[order[fired]], self._known())]
         if not len(fired):
             return {}
@@ -286,7 +391,9 @@ class StragglerDetector:
             run[last, None] > 0, _onsets(r, order, started[last], carried[p[last]]), -1.0
         )
         self.prun[p[last]] = run[last]
-        fired = np.flatnonzero(run >= self.ctx.config.persist_ops)
+        cfg = self.ctx.config
+        pair_ops = cfg.pair_persist_ops or np.iinfo(np.int64).max
+        fired = np.flatnonzero(run >= np.where(self._pair[order], pair_ops, cfg.persist_ops))
         fired = fired[~np.isin(p[fired], self._known())]
         if not len(fired):
             return {}
@@ -340,6 +447,7 @@ class StragglerDetector:
                 self.ctx.culprits[(proc, LOCAL)] = cul
             cul.extra["episodes"].append(episode)
             cul.extra["active"] = True
+            cul.extra["pair"] = bool(self._pair[i])
             _main_episode(cul)
 
     def _accumulate(self, r: Recs, z: np.ndarray) -> None:
@@ -393,7 +501,7 @@ class StragglerDetector:
             if kind != LOCAL:
                 continue
             host, gpu = self.votes[proc]
-            cul.cause = "host" if host > gpu else "gpu"
+            cul.cause = self._cause(proc)
             cul.votes = {"host": int(host), "gpu": int(gpu)}
             _main_episode(cul)
             if costly(self.ctx, cul):

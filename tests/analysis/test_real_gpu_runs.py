@@ -1,0 +1,131 @@
+"""rankwatch's analysis on records the plugin wrote on real GPUs.
+
+tests/fixtures/h200x2/ holds the records of bench/gpu/train_lm.py runs on 2 NVIDIA
+H200 (PyTorch 2.11, NCCL 2.28.9), gzipped, with each run's ground truth written by
+the job itself (job/truth-rank*.json: the injected fault; job/steps-rank*.jsonl: when
+every step ran; job/issued-rank*.json: what PyTorch's Flight Recorder says it
+issued), and a JAX run. See docs/validation.md.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from rankwatch.cli.analyze import analyze
+
+RUNS = Path(__file__).resolve().parent.parent / "fixtures" / "h200x2"
+
+# PyTorch's Flight Recorder names -> NCCL function names in the records
+TORCH_TO_NCCL = {
+    "nccl:all_reduce": "AllReduce",
+    "nccl:broadcast": "Broadcast",
+    "nccl:all_gather": "AllGather",
+    "nccl:_all_gather_base": "AllGather",
+    "nccl:all_gather_into_tensor": "AllGather",
+    "nccl:_reduce_scatter_base": "ReduceScatter",
+    "nccl:reduce_scatter_tensor": "ReduceScatter",
+}
+
+
+def _truth(run: Path) -> dict:
+    return json.loads((run / "job" / "truth-rank0.json").read_text())
+
+
+def _steps(run: Path, rank: int) -> list[dict]:
+    path = run / "job" / f"steps-rank{rank}.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def _step_at(run: Path, rank: int, ns: int) -> int | None:
+    """The step whose time span holds ns on that rank, else the next one to start."""
+    steps = _steps(run, rank)
+    for s in steps:
+        if s["start_ns"] <= ns <= s["end_ns"]:
+            return s["step"]
+    later = [s["step"] for s in steps if s["start_ns"] > ns]
+    return min(later) if later else None
+
+
+@pytest.fixture(scope="module")
+def summaries() -> dict[str, dict]:
+    return {
+        run.name: analyze((run / "dump",), store=None, quiet=True)
+        for run in sorted(RUNS.iterdir())
+        if (run / "dump").is_dir()
+    }
+
+
+def test_every_run_is_read_whole(summaries):
+    for name, s in summaries.items():
+        assert not s["problems"], (name, s["problems"])
+        assert s["job"]["op_records"] > 0, name
+
+
+@pytest.mark.parametrize("name", ["ddp-gpu", "ddp-host", "fsdp-gpu"])
+def test_injected_straggler_found_with_rank_cause_and_onset(summaries, name):
+    truth = _truth(RUNS / name)
+    found = [f for f in summaries[name]["findings"] if f["kind"] == "straggler"]
+    assert len(found) == 1, found
+    f = found[0]
+    assert f["rank"] == truth["fault_rank"]
+    assert f["cause"] == truth["fault"]
+    assert _step_at(RUNS / name, f["rank"], f["since"]["ns"]) == truth["fault_step"]
+    assert f["cost_s"] > 0
+
+
+def test_healthy_run_has_no_finding(summaries):
+    assert summaries["ddp-healthy"]["findings"] == []
+
+
+def test_hang_names_the_rank_that_never_enqueued(summaries):
+    truth = _truth(RUNS / "ddp-hang")
+    hangs = [f for f in summaries["ddp-hang"]["findings"] if f["kind"] == "hang"]
+    assert [(f["rank"], f["cause"]) for f in hangs] == [(truth["fault_rank"], "not_enqueued")]
+    # the op it never enqueued is the first collective of the step it hung in
+    rank0_steps = _steps(RUNS / "ddp-hang", 0)
+    assert len(rank0_steps) == truth["fault_step"]
+    assert [f for f in summaries["ddp-hang"]["findings"] if f["kind"] != "hang"] == []
+
+
+def _record_counts(run: Path) -> Counter:
+    files = sorted((run / "dump").glob("*.log.gz"))
+    counts: Counter = Counter()
+    with gzip.open(files[0], "rt") as stream:
+        for line in stream:
+            rw = json.loads(line)["rankwatch"]
+            counts[(rw["func"], rw["graph_captured"])] += 1
+    return counts
+
+
+@pytest.mark.parametrize("name", ["ddp-gpu", "ddp-healthy", "fsdp-gpu"])
+def test_a_record_for_every_collective_pytorch_issued(name):
+    """Flight Recorder's entries, plus the barrier issued after its dump, plus one
+    record per CUDA-graph replay when the job replayed one."""
+    run = RUNS / name
+    issued = json.loads((run / "job" / "issued-rank0.json").read_text())
+    expected: Counter = Counter()
+    for key, n in issued["counts"].items():
+        expected[(TORCH_TO_NCCL[key.split("|", 1)[1]], False)] += n
+    expected[("AllReduce", False)] += 1  # the final barrier
+    if name == "ddp-healthy":  # ran with --graph-metric: one graph replay per step
+        expected[("AllReduce", True)] += _truth(run)["steps"]
+    assert _record_counts(run) == expected
+
+
+def test_jax_program_is_recorded_and_read():
+    s = analyze((RUNS / "jax" / "dump",), store=None, quiet=True)
+    expected = json.loads((RUNS / "jax" / "job" / "jax-expected.json").read_text())
+    calls = expected["cases"]["all_gather"]["calls"]
+    assert not s["problems"]
+    # all_gather, psum_scatter and ppermute (a Send and a Recv) on both GPUs; psum and
+    # the sharded matmul's all-reduce did not go through NCCL (see docs/validation.md)
+    funcs = ("AllGather", "ReduceScatter", "Send", "Recv")
+    assert s["ops_per_func"] == {f: 2 * calls for f in funcs}
+    # one process drove both GPUs: two ranks in each communicator
+    assert sorted(c["n_ranks"] for c in s["communicators"]) == [2, 2]
+    assert s["findings"] == []
