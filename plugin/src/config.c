@@ -80,6 +80,101 @@ static void load_gpu_timing(rw_config *cfg) {
   cfg->sample_window_ns = window * 1000000LL;
 }
 
+/* RANKWATCH_STREAM_QUEUE_BYTES: bytes, optionally with a K, M or G suffix
+ * (powers of 1024). 0 when the value is malformed or out of range. */
+static uint64_t parse_queue_bytes(const char *v) {
+  char *end;
+  if (v[0] < '0' || v[0] > '9') return 0;
+  unsigned long long x = strtoull(v, &end, 10);
+  int shift = 0;
+  if (*end == 'k' || *end == 'K') shift = 10;
+  if (*end == 'm' || *end == 'M') shift = 20;
+  if (*end == 'g' || *end == 'G') shift = 30;
+  if (shift) end++;
+  if (*end != '\0' || x > (RW_STREAM_QUEUE_MAX >> shift)) return 0;
+  x <<= shift;
+  return x >= RW_STREAM_QUEUE_MIN && x <= RW_STREAM_QUEUE_MAX ? (uint64_t)x : 0;
+}
+
+/* tcp://host:port, tcp://[v6 address]:port. */
+static bool parse_tcp(rw_config *cfg, const char *rest) {
+  const char *colon;
+  size_t hostlen;
+  if (rest[0] == '[') {
+    const char *close = strchr(rest, ']');
+    if (close == NULL || close[1] != ':') return false;
+    rest++;
+    hostlen = (size_t)(close - rest);
+    colon = close + 1;
+  } else {
+    colon = strrchr(rest, ':');
+    if (colon == NULL) return false;
+    hostlen = (size_t)(colon - rest);
+    if (memchr(rest, ':', hostlen) != NULL) return false; /* a v6 address needs brackets */
+  }
+  if (hostlen == 0 || hostlen >= sizeof cfg->stream_host || memchr(rest, '/', hostlen))
+    return false;
+  const char *port = colon + 1;
+  size_t plen = strlen(port);
+  if (plen == 0 || plen > 5 || strspn(port, "0123456789") != plen) return false;
+  long p = strtol(port, NULL, 10);
+  if (p < 1 || p > 65535) return false;
+  memcpy(cfg->stream_host, rest, hostlen);
+  cfg->stream_host[hostlen] = '\0';
+  snprintf(cfg->stream_port, sizeof cfg->stream_port, "%ld", p);
+  return true;
+}
+
+static bool parse_collector(rw_config *cfg, const char *v) {
+  if (strncmp(v, "unix:", 5) == 0) {
+    size_t n = strlen(v + 5);
+    if (n == 0 || n >= sizeof cfg->stream_path) return false;
+    memcpy(cfg->stream_path, v + 5, n + 1);
+    cfg->stream = RW_STREAM_UNIX;
+    return true;
+  }
+  if (strncmp(v, "tcp://", 6) == 0 && parse_tcp(cfg, v + 6)) {
+    cfg->stream = RW_STREAM_TCP;
+    return true;
+  }
+  return false;
+}
+
+/* The streaming sink is optional: any invalid setting leaves it off with one
+ * warning, and recording to files goes on. The token is never logged. */
+static bool stream_settings(rw_config *cfg, const char *collector) {
+  if (!parse_collector(cfg, collector)) {
+    rw_warn_once(RW_WARN_STREAM_CONFIG, "RANKWATCH_COLLECTOR='%.200s' is not unix:PATH (shorter "
+                 "than 108 bytes) or tcp://HOST:PORT; streaming off, records still go to files",
+                 collector);
+    return false;
+  }
+  const char *token = getenv("RANKWATCH_COLLECTOR_TOKEN");
+  if (token != NULL && token[0] != '\0') {
+    if (strlen(token) > RW_TOKEN_MAX) {
+      rw_warn_once(RW_WARN_STREAM_CONFIG, "RANKWATCH_COLLECTOR_TOKEN is longer than %d bytes; "
+                   "streaming off, records still go to files", RW_TOKEN_MAX);
+      return false;
+    }
+    cfg->stream_token_set = true;
+    rw_json_quote(cfg->stream_token_json, sizeof cfg->stream_token_json, token);
+  }
+  const char *q = getenv("RANKWATCH_STREAM_QUEUE_BYTES");
+  cfg->stream_queue_bytes = RW_STREAM_QUEUE_DEFAULT;
+  if (q != NULL && q[0] != '\0' && (cfg->stream_queue_bytes = parse_queue_bytes(q)) == 0) {
+    rw_warn_once(RW_WARN_STREAM_CONFIG, "RANKWATCH_STREAM_QUEUE_BYTES='%.40s' is not a size "
+                 "from %uK to %uG (bytes, or with a K, M or G suffix); streaming off, records "
+                 "still go to files", q, RW_STREAM_QUEUE_MIN >> 10, RW_STREAM_QUEUE_MAX >> 30);
+    return false;
+  }
+  return true;
+}
+
+static void load_stream(rw_config *cfg) {
+  const char *v = getenv("RANKWATCH_COLLECTOR");
+  if (v != NULL && v[0] != '\0' && !stream_settings(cfg, v)) cfg->stream = RW_STREAM_OFF;
+}
+
 void rw_config_load(rw_config *cfg) {
   memset(cfg, 0, sizeof *cfg);
   /* Loaded means wanted, unless switched off through either name. */
@@ -99,4 +194,5 @@ void rw_config_load(rw_config *cfg) {
     snprintf(cfg->hostname, sizeof cfg->hostname, "unknown");
   rw_json_quote(cfg->hostname_json, sizeof cfg->hostname_json, cfg->hostname);
   rw_json_quote(cfg->job_id_json, sizeof cfg->job_id_json, cfg->job_id);
+  load_stream(cfg);
 }

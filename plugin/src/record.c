@@ -361,6 +361,10 @@ void rw_json_stats(rw_buf *b, int64_t now, const char *reason) {
   kv_i64(b, "stale_handles", (int64_t)LD(&s->stale_handles));
   kv_i64(b, "write_errors", (int64_t)LD(&s->write_errors));
   kv_i64(b, "bytes_written", (int64_t)LD(&s->bytes_written));
+  kv_i64(b, "stream_sent_records", (int64_t)LD(&s->stream_sent_records));
+  kv_i64(b, "stream_dropped_records", (int64_t)LD(&s->stream_dropped_records));
+  kv_i64(b, "stream_sent_bytes", (int64_t)LD(&s->stream_sent_bytes));
+  kv_i64(b, "stream_reconnects", (int64_t)LD(&s->stream_reconnects));
   rw_put(b, "}\n");
 }
 

@@ -65,6 +65,11 @@ int rw_dtype_size(uint8_t dtype_id); /* bytes, or 0 when unknown */
 
 /* ---- configuration (config.c), parsed once at the first init ---- */
 enum rw_gpu_timing { RW_GPU_ON, RW_GPU_OFF, RW_GPU_SAMPLED };
+enum rw_stream_kind { RW_STREAM_OFF = 0, RW_STREAM_UNIX, RW_STREAM_TCP };
+#define RW_TOKEN_MAX 256                    /* bytes of RANKWATCH_COLLECTOR_TOKEN */
+#define RW_STREAM_QUEUE_DEFAULT (4u << 20)  /* RANKWATCH_STREAM_QUEUE_BYTES */
+#define RW_STREAM_QUEUE_MIN (128u << 10)
+#define RW_STREAM_QUEUE_MAX (1u << 30)
 typedef struct {
   bool enabled;
   char dump_dir[RW_PATH_MAX];
@@ -82,6 +87,15 @@ typedef struct {
   char hostname[256];
   char job_id_json[128 * 6 + 3];   /* quoted and escaped once, for the writer */
   char hostname_json[256 * 6 + 3];
+  /* Streaming to a collector (sink.c, docs/stream-protocol.md); off unless
+   * RANKWATCH_COLLECTOR is set and valid. */
+  enum rw_stream_kind stream;
+  char stream_path[108];           /* unix: socket path (sun_path's size) */
+  char stream_host[256];           /* tcp: host name or address, brackets removed */
+  char stream_port[8];
+  bool stream_token_set;
+  char stream_token_json[RW_TOKEN_MAX * 6 + 3];
+  uint64_t stream_queue_bytes;
 } rw_config;
 void rw_config_load(rw_config *cfg);
 void rw_json_quote(char *dst, size_t cap, const char *src); /* record.c */
@@ -206,6 +220,9 @@ uint32_t rw_thread_api_index(rw_thread *t, uint32_t *tag);
 typedef struct {
   _Atomic uint64_t records_written, dropped_pool_full, filtered_min_size;
   _Atomic uint64_t stale_handles, write_errors, bytes_written;
+  /* Written by the writer thread only (sink.c). */
+  _Atomic uint64_t stream_sent_records, stream_dropped_records, stream_sent_bytes;
+  _Atomic uint64_t stream_reconnects;
 } rw_stats;
 
 /* ---- process-global state (plugin.c) ---- */
@@ -251,7 +268,7 @@ void rw_writer_apply_mask(int64_t now);
 
 /* ---- logging (log.c): one warning per cause, through NCCL's logger ---- */
 enum rw_warn_cause { RW_WARN_DIR, RW_WARN_WRITE, RW_WARN_POOL, RW_WARN_THREAD, RW_WARN_COMMS,
-                     RW_WARN_NCAUSES };
+                     RW_WARN_STREAM_CONFIG, RW_WARN_STREAM_CONNECT, RW_WARN_NCAUSES };
 void rw_warn_once(enum rw_warn_cause cause, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 void rw_info(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

@@ -18,6 +18,7 @@
 
 #include "record.h"
 #include "rw.h"
+#include "sink.h"
 #include "writer_internal.h"
 
 static pthread_t thread;
@@ -33,6 +34,13 @@ static bool output_ok;
 static rw_buf op_buf, state_buf;
 static int64_t next_interval_ns;
 static uint32_t *drain_scratch;
+static bool streaming; /* RANKWATCH_COLLECTOR is set: lines are teed to sink.c */
+
+/* At exit, how long the stream may take to send what is queued (before the last
+ * stats record, then that record too): bounded, so exit never hangs on a
+ * collector. */
+#define STREAM_EXIT_NS 150000000LL
+#define STREAM_EXIT_LAST_NS 50000000LL
 
 /* ---- output ---- */
 
@@ -45,6 +53,9 @@ static int open_output(const char *suffix) {
 
 static void write_all(int fd, rw_buf *b) {
   size_t off = 0;
+  /* The buffer holds whole lines: the stream gets the same bytes as the file,
+   * even after a write error has turned file output off. */
+  if (streaming && b->len > 0) rw_sink_put(b->p, b->len);
   while (output_ok && off < b->len) {
     ssize_t n = write(fd, b->p + off, b->len - off);
     if (n < 0 && errno == EINTR) continue;
@@ -137,6 +148,7 @@ static void one_pass(void) {
     next_interval_ns = now + rw_g.cfg.interval_ns;
   }
   rw_writer_flush_buffers();
+  if (streaming) rw_sink_pump();
 }
 
 static void final_pass(void) {
@@ -150,9 +162,21 @@ static void final_pass(void) {
     rw_write_comm_state(c, now, stop_reason);
     rw_flush_inflight(c, now);
   }
+  if (streaming) {
+    /* Send what is queued, then count what could not go as dropped, so the
+     * last stats record accounts for every line before it. */
+    rw_writer_flush_buffers();
+    rw_sink_drain(now + STREAM_EXIT_NS);
+    rw_sink_abandon();
+  }
   rw_json_stats(&state_buf, now, stop_reason);
   if (rw_g.cfg.prom) rw_prom_write(now);
   rw_writer_flush_buffers();
+  if (streaming) {
+    rw_sink_drain(rw_now_ns() + STREAM_EXIT_LAST_NS);
+    rw_sink_close();
+    streaming = false;
+  }
 }
 
 static void *writer_main(void *arg) {
@@ -187,6 +211,7 @@ int rw_writer_start(void) {
     return -1;
   }
   output_ok = true;
+  streaming = rw_g.cfg.stream != RW_STREAM_OFF && rw_sink_init();
   next_interval_ns = rw_now_ns() + rw_g.cfg.interval_ns;
   /* The writer must never run the application's signal handlers. */
   sigset_t all, old;

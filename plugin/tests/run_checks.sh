@@ -4,7 +4,8 @@
 #
 #   run_checks.sh DRIVER PLUGIN [CAPTURE_DIR]
 #
-# Environment: STRESS_SECONDS (default 10), sanitizer *_OPTIONS from the caller.
+# Environment: STRESS_SECONDS (default 10), sanitizer *_OPTIONS from the caller,
+# STREAM_RECEIVER (stream_sink_receiver; without it the streaming runs are skipped).
 # ECHO_* variables only matter to the echo plugin; other plugins ignore them.
 set -u
 DRIVER=$1
@@ -132,6 +133,74 @@ wait "$hpid1" 2>/dev/null
 cat "$TMP/hang-0.err" "$TMP/hang-1.err" >"$TMP/hang.err"
 grep -Eq "$SANITIZER_PATTERN" "$TMP/hang.err" && status="sanitizer report"
 report job-hang "$status" "$TMP/hang.err"
+
+# The streaming sink (RANKWATCH_COLLECTOR) against stream_sink_receiver, which
+# checks every frame it gets: one that closes each connection after a few frames
+# (the sink reconnects with backoff while threads churn communicators), one over
+# TCP across plugin unload/reload cycles, and one that never reads (the queue
+# fills, batches are dropped, exit stays bounded). With a plugin that writes no
+# records (the echo plugin) only the frame checks apply.
+stream() { # name min-connections receiver-args... -- driver args...
+  name=stream-$1
+  min_conn=$2
+  shift 2
+  rargs=""
+  while [ "$1" != "--" ]; do rargs="$rargs $1"; shift; done
+  shift
+  dir="$TMP/$name"
+  mkdir -p "$dir/dump"
+  # shellcheck disable=SC2086
+  "$STREAM_RECEIVER" --ready "$dir/addr" --out "$dir/rx.json" --seconds 300 $rargs \
+    2>"$dir/rx.err" &
+  rpid=$!
+  i=0
+  while [ $i -lt 200 ] && [ ! -s "$dir/addr" ]; do sleep 0.05; i=$((i + 1)); done
+  RANKWATCH_DUMP_DIR="$dir/dump" RANKWATCH_COLLECTOR="$(cat "$dir/addr" 2>/dev/null)" \
+    RANKWATCH_STREAM_QUEUE_BYTES=128K "$DRIVER" "$PLUGIN" "$@" >"$TMP/$name.out" \
+    2>"$TMP/$name.err"
+  rc=$?
+  kill "$rpid" 2>/dev/null
+  wait "$rpid"
+  if grep -Eq "$SANITIZER_PATTERN" "$TMP/$name.err" || [ $rc -ne 0 ] ||
+    ! one_json_line "$TMP/$name.out"; then
+    check_outputs "$name" $rc "$TMP/$name.out" "$TMP/$name.err"
+    return
+  fi
+  verdict=$(python3 - "$dir" "$min_conn" "$rargs" <<'PY'
+import glob, json, os, sys
+d, min_conn, stall = sys.argv[1], int(sys.argv[2]), "--stall" in sys.argv[3]
+try:
+    rx = json.load(open(os.path.join(d, "rx.json")))
+except (OSError, ValueError) as exc:
+    print(f"no receiver summary: {exc}")
+    sys.exit()
+recording = bool(glob.glob(os.path.join(d, "dump", "*.rwstate.jsonl")))
+if rx["errors"]:
+    print(f"receiver: {rx['errors']} errors, first: {rx['first_error']}")
+elif recording and rx["connections"] < min_conn:
+    print(f"receiver: {rx['connections']} connections, expected >= {min_conn}")
+elif recording and not stall and rx["hellos"] != rx["connections"]:
+    print(f"receiver: {rx['hellos']} hellos for {rx['connections']} connections")
+else:
+    print("ok")
+PY
+)
+  if [ "$verdict" = ok ]; then
+    report "$name" ok "$TMP/$name.err"
+  else
+    cp "$dir/rx.json" "$TMP/$name.rx" 2>/dev/null
+    report "$name" "$verdict" "$TMP/$name.err"
+  fi
+}
+if [ -n "${STREAM_RECEIVER:-}" ] && [ -x "$STREAM_RECEIVER" ]; then
+  stream reconnect 2 --listen "unix:$TMP/stream-reconnect/rx.sock" --close-after 8 -- \
+    --scenario stress --seconds 4 --threads 2 --comms 2
+  stream tcp-cycles 1 --listen tcp -- --scenario workload --cycles 3
+  stream stall 1 --listen "unix:$TMP/stream-stall/rx.sock" --stall -- \
+    --scenario basic --ops 3000
+else
+  echo "skip stream (no STREAM_RECEIVER)"
+fi
 
 if [ -n "$CAPTURE_DIR" ] && [ -d "$CAPTURE_DIR" ]; then
   for gz in "$CAPTURE_DIR"/mask*/trace-*.txt.gz; do

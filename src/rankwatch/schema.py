@@ -378,6 +378,31 @@ STATS: tuple[Field, ...] = (
         "failed writes (output is disabled after the first; counted after)",
     ),
     Field("bytes_written", "int", "bytes", "bytes written to the op and state files"),
+    Field(
+        "stream_sent_records",
+        "int",
+        "",
+        "record lines sent to the collector (RANKWATCH_COLLECTOR); 0 without one",
+    ),
+    Field(
+        "stream_dropped_records",
+        "int",
+        "",
+        "record lines not sent to the collector: its queue was full (collector away or "
+        "slow) or the process exited first",
+    ),
+    Field(
+        "stream_sent_bytes",
+        "int",
+        "bytes",
+        "bytes sent to the collector, frame headers and hellos included",
+    ),
+    Field(
+        "stream_reconnects",
+        "int",
+        "",
+        "connections to the collector opened after the first",
+    ),
 )
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import os
+import re
 import shlex
 from collections.abc import Mapping
 from pathlib import Path
@@ -12,6 +13,12 @@ from rankwatch.collect.plugin import plugin_path
 from rankwatch.errors import ConfigError
 
 GPU_TIMING_MODES: tuple[str, ...] = ("on", "off", "sampled")
+
+# What the plugin accepts for streaming (docs/plugin.md, docs/stream-protocol.md).
+_TCP_COLLECTOR = re.compile(r"tcp://(\[[^\]/]+\]|[^:/\[\]]+):([0-9]{1,5})")
+_UNIX_PATH_MAX = 107  # bytes: sun_path less its terminating NUL
+TOKEN_MAX_BYTES = 256
+STREAM_QUEUE_BYTES_RANGE = (128 * 1024, 1024**3)
 
 
 def default_dump_dir(now: _dt.datetime | None = None) -> Path:
@@ -44,6 +51,42 @@ def _int_setting(name: str, value: int | None, minimum: int) -> str | None:
     return str(value)
 
 
+def _collector_setting(collector: str | None) -> str | None:
+    """RANKWATCH_COLLECTOR as the plugin parses it: unix:PATH or tcp://HOST:PORT."""
+    if not collector:
+        return None
+    if collector.startswith("unix:"):
+        if 0 < len(collector[5:].encode()) <= _UNIX_PATH_MAX:
+            return collector
+    else:
+        match = _TCP_COLLECTOR.fullmatch(collector)
+        if match and 1 <= int(match.group(2)) <= 65535:
+            return collector
+    raise ConfigError(
+        "must be unix:PATH (a path under 108 bytes) or tcp://HOST:PORT "
+        f"(tcp://[ADDRESS]:PORT for IPv6), got {collector!r}",
+        field="collector",
+    )
+
+
+def _stream_settings(
+    collector: str | None, collector_token: str | None, stream_queue_bytes: int | None
+) -> dict[str, str | None]:
+    if collector_token and len(collector_token.encode()) > TOKEN_MAX_BYTES:
+        raise ConfigError(f"must be at most {TOKEN_MAX_BYTES} bytes", field="collector_token")
+    low, high = STREAM_QUEUE_BYTES_RANGE
+    queue = _int_setting("stream_queue_bytes", stream_queue_bytes, low)
+    if stream_queue_bytes is not None and stream_queue_bytes > high:
+        raise ConfigError(
+            f"must be at most {high}, got {stream_queue_bytes}", field="stream_queue_bytes"
+        )
+    return {
+        "RANKWATCH_COLLECTOR": _collector_setting(collector),
+        "RANKWATCH_COLLECTOR_TOKEN": collector_token or None,
+        "RANKWATCH_STREAM_QUEUE_BYTES": queue,
+    }
+
+
 def _optional_settings(
     interval_ms: int | None,
     gpu_timing: str | None,
@@ -72,10 +115,15 @@ def plugin_env(
     min_size: int | None = None,
     prom: bool = False,
     job_id: str | None = None,
+    collector: str | None = None,
+    collector_token: str | None = None,
+    stream_queue_bytes: int | None = None,
 ) -> dict[str, str]:
     """Variables that enable the plugin: set them in every rank's environment.
 
     Only the settings given are returned; the plugin's own defaults apply to the rest.
+    collector (RANKWATCH_COLLECTOR) also streams every record to a collector, see
+    docs/stream-protocol.md.
     """
     env = {
         "NCCL_PROFILER_PLUGIN": str(plugin_path()),
@@ -83,6 +131,8 @@ def plugin_env(
         "RANKWATCH_DUMP_DIR": str(Path(dump_dir).absolute()),
     }
     env.update(_optional_settings(interval_ms, gpu_timing, min_size, prom, job_id))
+    stream = _stream_settings(collector, collector_token, stream_queue_bytes)
+    env.update({key: value for key, value in stream.items() if value is not None})
     return env
 
 

@@ -272,6 +272,10 @@ class RankState:
             stale_handles=0,
             write_errors=0,
             bytes_written=self.totals[2],
+            stream_sent_records=0,  # simulated jobs stream to no collector
+            stream_dropped_records=0,
+            stream_sent_bytes=0,
+            stream_reconnects=0,
         )
         return self._emit(rec)
 
