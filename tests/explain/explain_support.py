@@ -6,7 +6,14 @@ import subprocess
 import sys
 from typing import Any
 
-from rankwatch.explain.synth import InputDelay, SizeMismatch, Slowdown, SlowKernel, SynthConfig
+from rankwatch.explain.synth import (
+    ExtraMatmuls,
+    InputDelay,
+    SizeMismatch,
+    Slowdown,
+    SlowKernel,
+    SynthConfig,
+)
 
 SMALL = {"ranks": 2, "steps": 8, "layers": 2, "buckets": 2}
 SMALL_FAULT = SlowKernel(rank=1, step=9, layer=1, extra_ms=20.0)
@@ -53,6 +60,16 @@ CASES: dict[str, tuple[SynthConfig, str]] = {
     ),
     "after_rank": (
         SynthConfig(ranks=4, steps=10, layers=4, seed=11, faults=(Slowdown("ln2", 8.0, (1,)),)),
+        "v2_11",
+    ),
+    # rank 2 runs 6 extra matmuls of 2 ms in step 11 only (a slow step) ...
+    "inserted": (
+        SynthConfig(ranks=4, steps=12, layers=4, seed=9, faults=(ExtraMatmuls(2, 11, 6, 2.0, 11),)),
+        "v2_11",
+    ),
+    # ... and rank 1 from step 9 to the end (the trace's steady state changes)
+    "inserted_persistent": (
+        SynthConfig(ranks=2, steps=6, layers=4, seed=10, faults=(ExtraMatmuls(1, 8, 6, 2.0),)),
         "v2_11",
     ),
     "cpu": (SynthConfig(mode="cpu", seed=4, faults=(SMALL_FAULT,), **SMALL), "cpu"),

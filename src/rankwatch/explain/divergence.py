@@ -24,6 +24,16 @@ departs from its peers and from its own history.
    straggler; its root is the first op whose median excess over peers passes the
    same thresholds. Healthy jobs (the last arriver rotates, waits are noise) get
    no finding.
+6. Inserted work (inserted.py): ops a rank runs in a step that neither its peers'
+   same step nor its own healthy steps contain have nothing to be compared with,
+   so steps 3 and 5 cannot see them. Runs of such ops whose GPU time passes
+   MIN_EXTRA_NS, INSERT_REL of the median step and WAIT_SHARE of the wait are
+   roots too: in a slow step when they come before the first departing op, in the
+   steady state when they explain more than the op found there, and on their own
+   (the first step each rank shows them) when no other finding names them.
+
+Fewer than MIN_STEPS_FOR_SLOW steps give no slow steps: two step times cannot tell
+a slow step from a fast one.
 """
 
 from __future__ import annotations
@@ -35,6 +45,7 @@ from typing import Any
 import numpy as np
 
 from rankwatch.explain.collectives import Collective, CollectiveTable
+from rankwatch.explain.inserted import Run, Structure, describe
 from rankwatch.explain.ledger import Ledger
 from rankwatch.explain.links import Links
 from rankwatch.explain.optable import OpTable
@@ -53,6 +64,8 @@ MAX_HOPS = 4
 STEADY_SHARE = 0.6
 MIN_STEADY_STEPS = 3
 MAD_SIGMA = 1.4826
+INSERT_REL = 0.01  # inserted work matters from 1% of the median step
+MIN_STEPS_FOR_SLOW = 3
 
 
 @dataclass
@@ -86,9 +99,13 @@ class Context:
     baseline: float
     by_step: dict[int, list[Collective]]
     healthy: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    structure: Structure | None = None
 
     def min_wait(self) -> float:
         return max(MIN_WAIT_NS, MIN_WAIT_REL * self.baseline)
+
+    def healthy_steps(self) -> list[int]:
+        return [self.ops.steps[int(i)] for i in self.healthy]
 
 
 def _median(x: np.ndarray) -> float:
@@ -118,6 +135,8 @@ def slow_steps(times: dict[int, int]) -> tuple[set[int], float]:
         return set(), 0.0
     vals = np.array(list(times.values()), dtype=np.float64)
     base = float(np.median(vals))
+    if len(vals) < MIN_STEPS_FOR_SLOW:
+        return set(), base
     thr = max(SLOW_SIGMAS * _robust_sigma(vals), SLOW_REL * base, MIN_SLOW_NS)
     return {n for n, v in times.items() if v - base > thr}, base
 
@@ -213,9 +232,12 @@ def _describe(ctx: Context, rank: int, j: int, hit: dict[str, Any]) -> dict[str,
 
 
 def _walk(ctx: Context, rank: int, step: int, until: int, wait_ref: float) -> dict | None:
-    """The first departing op of `rank` in `step` that started by `until`."""
+    """The first departing op of `rank` in `step` that started by `until`, or the
+    inserted work that came before it."""
     ops = ctx.ops.per_rank[rank]
-    sel = np.flatnonzero((ops.step == step) & (ops.start <= until) & ~ops.comm)
+    inserted = _inserted_root(ctx, rank, step, wait_ref, until=until)
+    limit = until if inserted is None else inserted["start_ns"] - 1
+    sel = np.flatnonzero((ops.step == step) & (ops.start <= limit) & ~ops.comm)
     for j in sel:
         key = int(ops.key[j])
         hit = _departs(ctx, "dur", rank, step, key, float(ops.dur[j]), wait_ref)
@@ -225,7 +247,74 @@ def _walk(ctx: Context, rank: int, step: int, until: int, wait_ref: float) -> di
                 hit = None
         if hit:
             return _describe(ctx, rank, int(j), hit)
+    return inserted
+
+
+def _insert_threshold(ctx: Context, wait_ref: float) -> float:
+    return max(MIN_EXTRA_NS, INSERT_REL * ctx.baseline, WAIT_SHARE * wait_ref)
+
+
+def _inserted_root(
+    ctx: Context,
+    rank: int,
+    step: int,
+    wait_ref: float,
+    until: int | None = None,
+    peers: bool = True,
+) -> dict[str, Any] | None:
+    """The first significant run of inserted work of `rank` in `step` (see module doc)."""
+    if ctx.structure is None:
+        return None
+    refs = ctx.structure.references(rank, step, ctx.healthy_steps(), peers)
+    thr = _insert_threshold(ctx, wait_ref)
+    for run in ctx.structure.runs(rank, step, refs):
+        if until is not None and run.start_ns > until:
+            break
+        if run.extra_ns > thr:
+            return _inserted_dict(ctx, run, thr)
     return None
+
+
+def _inserted_dict(ctx: Context, run: Run, thr: float) -> dict[str, Any]:
+    """describe() plus what the run did to the next collective of its rank."""
+    root = describe(ctx.ops, ctx.links[run.rank], run)
+    root["threshold_ns"] = int(thr)
+    nxt = _next_collective(ctx, run.rank, run.step, root["end_ns"])
+    root["next_collective"] = None if nxt is None else nxt.label()
+    late = nxt is not None and nxt.last_rank == run.rank
+    root["waits_at_next_ns"] = (
+        {str(r): w for r, w in nxt.waits.items() if r != run.rank} if late and nxt else {}
+    )
+    root["delay_at_next_ns"] = max(root["waits_at_next_ns"].values(), default=0)
+    root["also_in_steps"] = _persists(ctx, run)
+    return root
+
+
+def _next_collective(ctx: Context, rank: int, step: int, after: int) -> Collective | None:
+    """The first collective of `rank` in `step` whose op starts after `after`."""
+    best = None
+    for op in ctx.table.ops.get(rank, []):
+        later = op.step == step and op.start >= after and op.coll >= 0
+        if later and (best is None or op.start < best.start):
+            best = op
+    return None if best is None else ctx.table.colls[best.coll]
+
+
+def _persists(ctx: Context, run: Run) -> list[int]:
+    """Later steps in which the rank still runs ops its peers do not (the same fault
+    going on; their own history already has them, so only peers are compared)."""
+    if ctx.structure is None:
+        return []
+    s = ctx.structure
+    names = set(s.key_token[ctx.ops.per_rank[run.rank].key[run.pos]].tolist())
+    out = []
+    for n in ctx.ops.steps:
+        if n <= run.step:
+            continue
+        mask = s.inserted(run.rank, n, s.references(run.rank, n, [], peers=True))
+        if mask.any() and names & set(s.tokens(run.rank, n)[mask].tolist()):
+            out.append(int(n))
+    return out
 
 
 def _earlier_wait(ctx: Context, rank: int, step: int, until: int) -> Collective | None:
@@ -284,7 +373,10 @@ def _uniform(ctx: Context, f: Finding) -> Finding:
     excess = f.step_time_ns - f.baseline_ns
     for rank in ctx.ops.ranks:
         ops = ctx.ops.per_rank[rank]
-        sel = np.flatnonzero((ops.step == f.step) & ~ops.comm)
+        # every rank runs the extra work alike: only the rank's history can show it
+        inserted = _inserted_root(ctx, rank, f.step, excess, peers=False)
+        limit = np.inf if inserted is None else inserted["start_ns"]
+        sel = np.flatnonzero((ops.step == f.step) & ~ops.comm & (ops.start < limit))
         for j in sel:
             hit = _departs(
                 ctx, "dur", rank, f.step, int(ops.key[j]), float(ops.dur[j]), excess, peers_ok=False
@@ -292,6 +384,9 @@ def _uniform(ctx: Context, f: Finding) -> Finding:
             if hit:
                 roots.append(_describe(ctx, rank, int(j), hit))
                 break
+        else:
+            if inserted is not None:
+                roots.append(inserted)
     f.note = "no rank made the others wait: the step is slow on every rank alike"
     if roots:
         common = Counter((r["name"], r["occurrence"]) for r in roots).most_common(1)[0][0]
@@ -327,9 +422,77 @@ def _steady(ctx: Context, times: dict[int, int]) -> Finding | None:
         arrival_late_ns=int(np.median(waits[rank])),
     )
     f.note = f"rank {rank} arrived last with a significant wait in {count} of {len(steady)} steps"
-    f.root = _steady_root(ctx, rank, steady, f.arrival_late_ns)
+    f.root = _larger(
+        _steady_root(ctx, rank, steady, f.arrival_late_ns),
+        _steady_inserted(ctx, rank, steady, f.arrival_late_ns),
+    )
+    if f.root and f.root["metric"] == "inserted":
+        f.waits_caused_ns = dict(f.root["waits_at_next_ns"])
+        f.collective = f.root["next_collective"]
+        f.wait_on_culprit_in_step_ns = _waits_in_step(ctx, f.root["step"], rank)
     f.unexplained_ns = max(0, f.arrival_late_ns - (f.root["extra_ns"] if f.root else 0))
     return f
+
+
+def _larger(a: dict | None, b: dict | None) -> dict | None:
+    """Of two candidate roots, the one that explains more time."""
+    if a is None or b is None:
+        return a or b
+    return a if a["extra_ns"] >= b["extra_ns"] else b
+
+
+def _steady_inserted(
+    ctx: Context, rank: int, steady: list[int], wait_ref: float
+) -> dict[str, Any] | None:
+    """Inserted work on the straggler in the first steady step that shows it."""
+    for n in sorted(steady):
+        root = _inserted_root(ctx, rank, n, wait_ref)
+        if root:
+            return root
+    return None
+
+
+def _inserted_findings(ctx: Context, times: dict[int, int], named: set[tuple]) -> list[Finding]:
+    """Inserted work no other finding names: per rank, the first step that shows it."""
+    out = []
+    for rank in ctx.ops.ranks:
+        for n in ctx.ops.steps:
+            if n not in times or not _has_history_and_peers(ctx, rank, n):
+                continue
+            root = _inserted_root(ctx, rank, n, 0.0)
+            if root is None:
+                continue
+            if (rank, n) not in named:
+                out.append(_inserted_finding(ctx, root, times[n]))
+            break
+    return out
+
+
+def _has_history_and_peers(ctx: Context, rank: int, step: int) -> bool:
+    """Inserted work is claimed only against both references (peers and history)."""
+    assert ctx.structure is not None
+    refs = ctx.structure.references(rank, step, ctx.healthy_steps())
+    return any(r == rank for r, _ in refs) and any(r != rank for r, _ in refs)
+
+
+def _inserted_finding(ctx: Context, root: dict[str, Any], time: int) -> Finding:
+    rank, step = root["rank"], root["step"]
+    f = Finding("inserted_work", step, time, int(ctx.baseline), culprit=rank, root=root)
+    f.collective = root["next_collective"]
+    f.arrival_late_ns = root["delay_at_next_ns"]
+    f.waits_caused_ns = dict(root["waits_at_next_ns"])
+    f.wait_on_culprit_in_step_ns = _waits_in_step(ctx, step, rank)
+    f.unexplained_ns = max(0, f.arrival_late_ns - root["extra_ns"])
+    f.note = f"rank {rank} runs work in step {step} that its peers and its own earlier steps do not"
+    return f
+
+
+def _named(findings: list[Finding]) -> set[tuple]:
+    return {
+        (f.root["rank"], f.root["step"])
+        for f in findings
+        if f.root and f.root.get("metric") == "inserted"
+    }
 
 
 def _steady_root(ctx: Context, rank: int, steady: list[int], wait_ref: float) -> dict | None:
@@ -381,8 +544,12 @@ def find(
         by_step[c.step].append(c)
     healthy = np.array([i for i, n in enumerate(ops.steps) if n not in slow], dtype=np.int64)
     ctx = Context(steps, table, ledger, ops, links, slow, base, by_step, healthy)
+    ctx.structure = Structure(ops, links)
     findings = [_slow_step(ctx, n, times[n]) for n in sorted(slow)]
     steady = _steady(ctx, times)
+    named = _named(findings + ([steady] if steady else []))
+    findings += _inserted_findings(ctx, times, named)
+    findings.sort(key=lambda f: (f.step is None, f.step or 0))
     if steady:
         findings.append(steady)
     vals = np.array(list(times.values()), dtype=np.float64)
@@ -392,5 +559,7 @@ def find(
         "p90_ns": int(np.percentile(vals, 90)) if len(vals) else 0,
         "robust_sigma_ns": int(_robust_sigma(vals)),
         "slow_steps": sorted(slow),
+        "structure_alignments": ctx.structure.alignments,
+        "structure_search_complete": not ctx.structure.exhausted,
     }
     return findings, stats

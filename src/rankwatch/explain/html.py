@@ -149,7 +149,7 @@ def _finding_rows(s: dict[str, Any]) -> list[list[Any]]:
                 "-" if f["culprit"] is None else f"rank {f['culprit']}",
                 f["collective"] or "-",
                 _ms(f["arrival_late_ns"]),
-                root.get("name", f["note"])[:120],
+                root.get("summary", root.get("name", f["note"]))[:160],
                 root.get("host_op") or "",
                 root.get("annotation") or "",
                 _ms(root.get("extra_ns")),

@@ -10,6 +10,7 @@ import numpy as np
 
 from rankwatch.explain import collectives
 from rankwatch.explain.analysis import TraceAnalysis
+from rankwatch.explain.inserted import kernel_label
 from rankwatch.explain.ledger import BUCKETS, mean_buckets
 
 SHOWN_PROBLEMS = 20
@@ -259,8 +260,60 @@ def _root_text(root: dict[str, Any]) -> str:
     )
 
 
+def _steps_text(steps: list[int]) -> str:
+    return f"step {steps[0]}" if len(steps) == 1 else "steps " + ", ".join(map(str, steps))
+
+
+def _inserted_lines(root: dict[str, Any]) -> list[str]:
+    """An inserted-work root: what ran, where, against what, and what it cost."""
+    rank = root["rank"]
+    own = sorted(n for r, n in root["compared_with"] if r == rank)
+    peers = sorted(r for r, _ in root["compared_with"] if r != rank)
+    against = []
+    if peers:
+        who = "rank" if len(peers) == 1 else "ranks"
+        against.append(f"{who} {', '.join(map(str, peers))} in step {root['step']}")
+    if own:
+        against.append(f"rank {rank} in {_steps_text(own)}")
+    again = f" (again in {_steps_text(root['also_in_steps'])})" if root["also_in_steps"] else ""
+    lines = [
+        f"    first divergence: inserted work on rank {rank} in step {root['step']}{again}: "
+        f"{root['ops_count']} GPU ops absent from {' and from '.join(against)}:"
+    ]
+    for g in root["groups"]:
+        host = " > ".join(g["host_ops"]) or "no host op"
+        kernels = ", ".join(f"{kernel_label(k['name'])} x{k['count']}" for k in g["kernels"])
+        lines.append(f"      {host} x{g['count']} ({_ms(g['gpu_ns'])}): {kernels}")
+    where = [f"in {root['annotation']}" if root["annotation"] else "outside any annotation"]
+    after = [x for x in (root.get("after_annotation"), root.get("previous_op")) if x]
+    if after:
+        where.append("after " + " and ".join(after))
+    if root.get("next_op"):
+        where.append(f"before {root['next_op']}")
+    lines.append(f"      where: {', '.join(where)}.")
+    delay = (
+        f"; it arrived last at the next collective, {root['next_collective']}, "
+        f"{_ms(root['delay_at_next_ns'])} late"
+        if root["delay_at_next_ns"]
+        else "; no later collective waited for it"
+    )
+    lines.append(f"      extra time: {_ms(root['extra_ns'], True)} of GPU time{delay}.")
+    return lines
+
+
+def _finding_head(f: dict[str, Any]) -> str:
+    if f["kind"] == "inserted_work":
+        return (
+            f"  step {f['step']} ({_ms(f['step_time_ns'])}, "
+            f"{_ms(f['step_time_ns'] - f['baseline_ns'], True)} vs the median): {f['note']}."
+        )
+    return ""
+
+
 def _finding_lines(f: dict[str, Any]) -> list[str]:
-    if f["kind"] == "steady_state":
+    if f["kind"] == "inserted_work":
+        head = _finding_head(f)
+    elif f["kind"] == "steady_state":
         head = (
             f"  steady state: rank {f['culprit']} makes the others wait "
             f"{_ms(f['arrival_late_ns'])} per step ({f['note']})."
@@ -278,13 +331,16 @@ def _finding_lines(f: dict[str, Any]) -> list[str]:
         else:
             head += f["note"] + "."
     lines = [head]
-    if f["root"]:
+    if f["root"] and f["root"]["metric"] == "inserted":
+        lines += _inserted_lines(f["root"])
+    elif f["root"]:
         lines.append(f"    first divergence: {_root_text(f['root'])}.")
     elif f["culprit"] is not None:
         lines.append(f"    no op departs: {f['note']}.")
     if f["waits_caused_ns"]:
         waits = ", ".join(f"rank {r} {_ms(v)}" for r, v in f["waits_caused_ns"].items())
-        lines.append(f"    waits it caused at that collective: {waits}.")
+        at = f" ({f['collective']})" if f["collective"] else ""
+        lines.append(f"    waits it caused at that collective{at}: {waits}.")
     if len(f["path"]) > 1:
         hops = " <- ".join(f"rank {p['rank']} at {p['collective']}" for p in f["path"])
         lines.append(f"    followed: {hops}")
@@ -295,7 +351,10 @@ def _finding_lines(f: dict[str, Any]) -> list[str]:
 def _findings_lines(s: dict[str, Any]) -> list[str]:
     fs = s["findings"]
     if not fs:
-        return ["First unexplained divergence: none (no slow step, no persistent straggler)."]
+        return [
+            "First unexplained divergence: none (no slow step, no persistent straggler, "
+            "no inserted work)."
+        ]
     lines = ["First unexplained divergence:"]
     for f in fs[:12]:
         lines += _finding_lines(f)

@@ -128,6 +128,32 @@ class Slowdown:
 
 
 @dataclass(frozen=True)
+class ExtraMatmuls:
+    """From `step` to `last_step` (every later step when None), `rank` runs `count`
+    extra matrix multiplications (aten::mm, then aten::mul_) of `ms` each after the
+    loss and before backward, outside any layer: inserted work its peers do not run."""
+
+    rank: int
+    step: int
+    count: int
+    ms: float = 1.0
+    last_step: int | None = None
+
+    def active(self, rank: int, step: int) -> bool:
+        last = self.last_step if self.last_step is not None else step
+        return rank == self.rank and self.step <= step <= last
+
+
+EXTRA_GEMM = "nvjet_sm90_tst_320x128_64x3_1x2_h_bz_coopB_NNT"
+MUL_KERNEL = (
+    "void at::native::vectorized_elementwise_kernel<8, at::native::AUnaryFunctor<c10::BFloat16, "
+    "c10::BFloat16, c10::BFloat16, at::native::binary_internal::MulFunctor<float> >, "
+    "std::array<char*, 2ul> >(int, at::native::AUnaryFunctor<c10::BFloat16, c10::BFloat16, "
+    "c10::BFloat16, at::native::binary_internal::MulFunctor<float> >, std::array<char*, 2ul>)"
+)
+
+
+@dataclass(frozen=True)
 class SizeMismatch:
     """On `rank` in `step`, the all-reduce of `bucket` has half the elements."""
 
@@ -568,6 +594,30 @@ class Simulation:
             kernel = "ncclDevKernel_AllReduce_Sum_bf16_RING_LL"
             self._coll("allreduce", kernel, cfg.bucket_bytes, bucket, BWD_TID)
 
+    def _extra_ops(self, st: _Rank) -> None:
+        """Injected ExtraMatmuls: matmul then scale, `count` times (see ExtraMatmuls)."""
+        for f in self.cfg.faults:
+            if not (isinstance(f, ExtraMatmuls) and f.active(st.rank, self.step_no)):
+                continue
+            gpu_ns, first = 0, None
+            for _ in range(f.count):
+                mm = self._op(st, "aten::mm", EXTRA_GEMM, f.ms, gemm=True)
+                mul = self._op(st, "aten::mul_", MUL_KERNEL, 0.05)
+                gpu_ns += (mm[1] - mm[0]) + (mul[1] - mul[0])
+                first = mm[0] if first is None else first
+            self.truth["faults"].append(
+                {
+                    "kind": "extra_ops",
+                    "rank": st.rank,
+                    "step": self.step_no,
+                    "count": f.count,
+                    "cpu_op": "aten::mm",
+                    "kernel": EXTRA_GEMM,
+                    "extra_ns": gpu_ns,
+                    "start_ns": first,
+                }
+            )
+
     def _optimizer(self) -> None:
         for st in self.ranks:
             self._begin(st, OPTIMIZER)
@@ -621,6 +671,7 @@ class Simulation:
             self._forward_block(layer)
         for st in self.ranks:
             self._op(st, "aten::cross_entropy_loss", "void at::native::cunn_SoftMaxForward", 0.3)
+            self._extra_ops(st)
         for layer in reversed(range(self.cfg.layers)):
             self._backward_block(layer)
             self._gradient_sync(layer)
