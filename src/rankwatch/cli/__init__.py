@@ -23,6 +23,7 @@ SUBCOMMANDS: tuple[str, ...] = (
     "analyze",
     "simulate",
     "demo",
+    "monitor",
     "trace",
 )
 

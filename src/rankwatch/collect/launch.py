@@ -35,6 +35,7 @@ def run_with_plugin(
     dump_dir: str | os.PathLike[str] | None = None,
     *,
     stderr: TextIO | None = None,
+    monitor: str | None = None,
     **settings: Any,
 ) -> int:
     """Run cmd with the plugin's environment; return its exit code.
@@ -42,14 +43,26 @@ def run_with_plugin(
     dump_dir defaults to ./rankwatch-<UTC time>. settings are plugin_env's keyword
     options (interval_ms, gpu_timing, min_size, prom, job_id). SIGINT and SIGTERM
     sent to this process are passed on to the child. A child killed by signal N
-    gives 128 + N, as a shell reports it.
+    gives 128 + N, as a shell reports it. monitor: HOST:PORT to run a `rankwatch
+    monitor` beside the job, serving its page there; it is stopped after the job
+    and prints its findings.
     """
     if not cmd:
         raise ConfigError("no command to run", field="cmd")
     directory = resolve_dump_dir(dump_dir)
     env = {**os.environ, **plugin_env(directory, **settings)}  # validates settings
     prepare_dump_dir(directory)
-    code = _run_forwarding_signals(cmd, env)
+    attached = None
+    if monitor is not None:
+        from rankwatch.serve.attach import start_monitor
+
+        attached = start_monitor(directory, monitor, stderr or sys.stderr)
+        env.update(attached.env)
+    try:
+        code = _run_forwarding_signals(cmd, env)
+    finally:
+        if attached is not None:
+            attached.stop(stderr or sys.stderr)
     report_dump(directory, stderr or sys.stderr)
     return code
 

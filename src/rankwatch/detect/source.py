@@ -120,8 +120,13 @@ def _fill_float(a: np.ndarray) -> np.ndarray:
     return np.asarray(a, dtype=np.float64)
 
 
-def read_ops(run: Run, topo: Topology, batch: int = BATCH) -> Iterator[OpColumns]:
-    _register(run, topo)
+def read_ops(
+    run: Run, topo: Topology, batch: int = BATCH, register: bool = True
+) -> Iterator[OpColumns]:
+    """register=False: the topology's id tables are already in the connection (a live
+    monitor reads many batches with one topology)."""
+    if register:
+        _register(run, topo)
     reader = _reader(run, ops_sql(topo.t0_ns), batch)
     for rb in reader:
         cols = _numpy(rb)
@@ -130,8 +135,9 @@ def read_ops(run: Run, topo: Topology, batch: int = BATCH) -> Iterator[OpColumns
         yield OpColumns.from_arrays(cols)
 
 
-def read_progress(run: Run, topo: Topology) -> ProgressColumns:
-    _register(run, topo)
+def read_progress(run: Run, topo: Topology, register: bool = True) -> ProgressColumns:
+    if register:
+        _register(run, topo)
     c = _numpy_all(run, progress_sql(topo.t0_ns))
     n = len(c["proc"])
 
