@@ -25,6 +25,7 @@ SUBCOMMANDS: tuple[str, ...] = (
     "demo",
     "monitor",
     "trace",
+    "agent",
 )
 
 
