@@ -59,6 +59,8 @@ static void bandwidth(const rw_comm *c, rw_op *op) {
  * NCCL, and on CUDA-graph replays. Such a start cannot be used. */
 static bool stale_start(rw_comm *c, const rw_op *op) {
   if (op->gpu_start_raw == 0 || !op->have_offset) return false;
+  /* A start after the op's own end came from a later op (seen on graph replays). */
+  if (op->gpu_end_raw != 0 && op->gpu_start_raw > op->gpu_end_raw) return true;
   int64_t start = op->gpu_start_raw + op->offset, slack = op->error > 0 ? op->error : 0;
   if (!op->graph && op->api_end != 0 && start + slack < op->api_end) return true;
   /* NCCL runs a communicator's kernels in order: a start before the previous
