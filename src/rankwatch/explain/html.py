@@ -238,16 +238,9 @@ def _render(title: str, sections: list[dict[str, Any]]) -> str:
 
 
 def _write(page: str, path: str | os.PathLike[str]) -> Path:
-    out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.tmp")
-    try:
-        tmp.write_text(page, encoding="utf-8")
-        os.replace(tmp, out)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    return out
+    from rankwatch.export.html import write_page
+
+    return write_page(page, path)
 
 
 def write_html(summary: dict[str, Any], path: str | os.PathLike[str]) -> Path:

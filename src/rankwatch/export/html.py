@@ -35,7 +35,11 @@ MARKED_LATE_RANKS = 3  # the most-late ranks, always drawn in the timelines
 
 def write_html(run: Run, summary: dict[str, Any], path: str | os.PathLike[str]) -> Path:
     """Write the report to `path` (through a temporary file, then renamed); returns it."""
-    page = render(context(run, summary))
+    return write_page(render(context(run, summary)), path)
+
+
+def write_page(page: str, path: str | os.PathLike[str]) -> Path:
+    """Write an HTML page atomically: a reader never sees half a report."""
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.tmp")
