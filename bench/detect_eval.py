@@ -1,14 +1,23 @@
 """Detectors: the evaluation suite at scale, detection speed, and memory vs job length.
 
-Usage: python bench/detect_eval.py [--suite] [--large] [--speed] [--workdir DIR] [--json FILE]
+Usage: python bench/detect_eval.py [--suite] [--large] [--speed] [--baseline DIR]
+                                   [--repeat N] [--workdir DIR] [--json FILE]
 
---suite   the CI suite (tests/detect/detect_scenarios.py SUITE) plus its table
---large   the same kinds of scenario at 256 and 1,024 ranks
---speed   records/s of the streaming detectors on one core in batch mode (a simulated
-          1.15M-record job, read from DuckDB once, then fed in 64k-record batches), and
-          their memory on that stream (1.15M records) and on it repeated ten times as one
-          longer job (11.5M records): the same detectors, the same window
-With no option: all three. Prints tables, and one JSON object at the end (or into --json).
+--suite     the CI suite (tests/detect/detect_scenarios.py SUITE) plus its table
+--large     the same kinds of scenario at 256 and 1,024 ranks
+--speed     records/s of the streaming detectors on one core in batch mode (a simulated
+            1.15M-record job, read from DuckDB once, then fed in 64k-record batches), and
+            their memory on that stream (1.15M records) and on it repeated ten times as
+            one longer job (11.5M records): the same detectors, the same window. CPU time
+            (time.process_time) of one process pinned to one core with one BLAS/OpenMP
+            thread; the best of --repeat runs (other load on the machine only adds time).
+            The job and its records are kept in --workdir for the next run
+--baseline  with --speed: also measure another copy of the rankwatch.detect package (a
+            directory holding its modules, e.g. an earlier commit's, from
+            `git archive <commit> src/rankwatch/detect | tar -x -C DIR`), alternating
+            with this one run by run, and print both side by side
+With no option: suite, large and speed. Prints tables, and one JSON object at the end
+(or into --json).
 """
 
 from __future__ import annotations
@@ -17,11 +26,18 @@ import argparse
 import dataclasses
 import gc
 import json
+import os
+import pickle
+import subprocess
 import sys
 import tempfile
 import time
 import tracemalloc
 from pathlib import Path
+
+# one thread for numpy's BLAS / OpenMP pools, set before numpy loads (--speed is one core)
+for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests" / "detect"))
@@ -159,26 +175,110 @@ def _feed(topo, stream_iter) -> tuple[int, float, list]:
     return n, time.process_time() - t0, findings
 
 
-def speed(workdir: Path) -> dict:
-    topo, wins = _windows(_job(workdir))
-    out = {}
-    for label, times in (("1x", 1), ("10x", 10)):
-        gc.collect()
-        n, cpu, findings = _feed(topo, _tiled(wins, times))
-        gc.collect()
+def _one_core() -> None:
+    """Pin this process to one CPU (the first it may use)."""
+    if hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
+
+
+def _use_detect(package: Path) -> None:
+    """Import rankwatch.detect from another directory (a baseline copy of it)."""
+    import importlib.abc
+    import importlib.util
+
+    class Finder(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path=None, target=None):  # noqa: ANN001, ANN202
+            if name == "rankwatch.detect":
+                return importlib.util.spec_from_file_location(
+                    name, package / "__init__.py", submodule_search_locations=[str(package)]
+                )
+            if name.startswith("rankwatch.detect."):
+                return importlib.util.spec_from_file_location(
+                    name, package / (name.rsplit(".", 1)[1] + ".py")
+                )
+            return None
+
+    sys.meta_path.insert(0, Finder())
+    for name in [m for m in sys.modules if m.split(".")[:2] == ["rankwatch", "detect"]]:
+        del sys.modules[name]  # imported already (by the suite's module): load them anew
+
+
+def speed_child(windows_file: Path, times: int, memory: bool) -> dict:
+    """One measurement, in a process of its own (see speed)."""
+    _one_core()
+    with windows_file.open("rb") as f:
+        topo, wins = pickle.load(f)
+    gc.collect()
+    if memory:
         tracemalloc.start()
-        _feed(topo, _tiled(wins, times))
+        n, cpu, findings = _feed(topo, _tiled(wins, times))
         _, peak = tracemalloc.get_traced_memory()
         tracemalloc.stop()
-        out[label] = {
-            "records": n,
-            "cpu_s": round(cpu, 2),
-            "records_per_s": round(n / cpu),
-            "peak_traced_mb": round(peak / 2**20, 1),
-            "findings": [(f.kind, f.rank, f.cause, round(f.cost_s or 0, 3)) for f in findings],
-        }
-        print(f"speed {label}: {out[label]}", flush=True)
+    else:
+        n, cpu, findings = _feed(topo, _tiled(wins, times))
+        peak = 0
+    return {
+        "records": n,
+        "cpu_s": round(cpu, 3),
+        "peak_traced_mb": round(peak / 2**20, 1),
+        "findings": [(f.kind, f.rank, f.cause, round(f.cost_s or 0, 3)) for f in findings],
+    }
+
+
+def _child(windows_file: Path, times: int, memory: bool, package: Path | None) -> dict:
+    cmd = [sys.executable, __file__, "--speed-child", str(windows_file), "--times", str(times)]
+    cmd += ["--memory"] if memory else []
+    cmd += ["--detect-from", str(package)] if package else []
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def speed(workdir: Path, baseline: Path | None = None, repeat: int = 3) -> dict:
+    """Each variant (this rankwatch.detect, and the baseline's) in fresh processes,
+    alternating, `repeat` times per job length: the best CPU time; then once more
+    under tracemalloc for the peak memory."""
+    windows_file = workdir / "speed-windows.pkl"
+    if not windows_file.exists():
+        topo, wins = _windows(_job(workdir))
+        with windows_file.open("wb") as f:
+            pickle.dump((topo, wins), f, protocol=pickle.HIGHEST_PROTOCOL)
+    variants = {"new": None, **({"old": baseline.resolve()} if baseline else {})}
+    out: dict = {}
+    for label, times in (("1x", 1), ("10x", 10)):
+        runs: dict[str, list[dict]] = {v: [] for v in variants}
+        for _ in range(repeat if times == 1 else max(1, repeat // 2)):
+            for v, package in variants.items():
+                runs[v].append(_child(windows_file, times, False, package))
+        for v, package in variants.items():
+            best = min(runs[v], key=lambda x: x["cpu_s"])
+            mem = _child(windows_file, times, True, package)
+            out.setdefault(v, {})[label] = {
+                **best,
+                "records_per_s": round(best["records"] / best["cpu_s"]),
+                "cpu_s_all": [x["cpu_s"] for x in runs[v]],
+                "peak_traced_mb": mem["peak_traced_mb"],
+            }
+            print(f"speed {v} {label}: {out[v][label]}", flush=True)
+    print("\n" + speed_table(out) + "\n")
     return out
+
+
+def speed_table(out: dict) -> str:
+    lines = [
+        "| job | records | variant | CPU s (best) | M records/s | peak traced MB |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for label in ("1x", "10x"):
+        for v in out:
+            m = out[v][label]
+            lines.append(
+                f"| {label} | {m['records'] / 1e6:.2f} M | {v} | {m['cpu_s']:.2f} | "
+                f"{m['records_per_s'] / 1e6:.2f} | {m['peak_traced_mb']:.1f} |"
+            )
+        if "old" in out:
+            ratio = out["old"][label]["cpu_s"] / out["new"][label]["cpu_s"]
+            lines.append(f"| {label} | | old / new | {ratio:.2f}x | | |")
+    return "\n".join(lines)
 
 
 def main() -> int:
@@ -186,9 +286,21 @@ def main() -> int:
     ap.add_argument("--suite", action="store_true")
     ap.add_argument("--large", action="store_true")
     ap.add_argument("--speed", action="store_true")
+    ap.add_argument("--baseline", type=Path, help="another rankwatch/detect directory")
+    ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--workdir", type=Path)
     ap.add_argument("--json", type=Path)
+    # one measurement in this process (used by --speed)
+    ap.add_argument("--speed-child", type=Path, help=argparse.SUPPRESS)
+    ap.add_argument("--times", type=int, default=1, help=argparse.SUPPRESS)
+    ap.add_argument("--memory", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--detect-from", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.speed_child:
+        if args.detect_from:
+            _use_detect(args.detect_from)
+        print(json.dumps(speed_child(args.speed_child, args.times, args.memory)))
+        return 0
     every = not (args.suite or args.large or args.speed)
     work = args.workdir or Path(tempfile.mkdtemp(prefix="rankwatch-detect-eval-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -198,7 +310,7 @@ def main() -> int:
     if args.large or every:
         result["large"] = run_suite(LARGE, work / "large", "large")
     if args.speed or every:
-        result["speed"] = speed(work)
+        result["speed"] = speed(work, args.baseline, args.repeat)
     text = json.dumps(result, indent=1, default=str)
     if args.json:
         args.json.write_text(text + "\n", encoding="utf-8")

@@ -12,8 +12,16 @@ import pytest
 from rankwatch.align import align
 from rankwatch.detect import DETECTORS, Stream, Topology, detect
 from rankwatch.detect.period import SlotMap, find_period
-from rankwatch.detect.robust import cusum, group_median, run_lengths
+from rankwatch.detect.robust import (
+    cusum,
+    group_median,
+    run_lengths,
+    stable_order,
+    trailing_misses,
+    weighted_group_median,
+)
 from rankwatch.detect.source import windows
+from rankwatch.detect.straggler import _runs_at_hits
 from rankwatch.simulate import SimConfig, SlowFault, simulate
 from rankwatch.store import ingest
 
@@ -60,6 +68,75 @@ def test_cusum_is_the_lindley_recursion_per_group() -> None:
     for i, g in enumerate(group.tolist()):
         state[g] = max(0.0, state[g] + step[i])
         assert s[i] == pytest.approx(state[g])
+
+
+def test_run_lengths_start_and_trailing_misses_match_a_loop() -> None:
+    rng = np.random.default_rng(4)
+    for _ in range(200):
+        n = int(rng.integers(1, 40))
+        group = np.sort(rng.integers(0, 4, n))
+        hit = rng.random(n) < rng.random()
+        carry = rng.integers(0, 3, 4) * (rng.random(4) < 0.5)
+        miss_carry = rng.integers(0, 5, 4)
+        run, started = run_lengths(hit, group, carry)
+        state, begin = dict(enumerate(carry.tolist())), {}
+        for i, (h, g) in enumerate(zip(hit.tolist(), group.tolist(), strict=True)):
+            first_here = i == 0 or group[i - 1] != g
+            if not h:
+                state[g] = 0
+                continue
+            if state[g] == 0 or (first_here and g not in begin):
+                begin[g] = i if state[g] == 0 else -1
+            state[g] += 1
+            assert run[i] == state[g] and started[i] == begin[g]
+        last, miss = trailing_misses(hit, group, miss_carry)
+        for k, i in enumerate(last.tolist()):
+            g, j, m = group[i], i, 0
+            while j >= 0 and group[j] == g and not hit[j]:
+                m, j = m + 1, j - 1
+            reaches_start = j < 0 or group[j] != g
+            assert miss[k] == m + (miss_carry[g] if reaches_start else 0)
+
+
+def test_rank_runs_at_hits_match_the_sorted_runs() -> None:
+    """The straggler detector's per-rank runs, found at the hits, equal a sort of all."""
+    rng = np.random.default_rng(5)
+    for _ in range(300):
+        n = int(rng.integers(1, 60))
+        proc = rng.integers(0, 5, n)
+        keys = (proc << 20) | (rng.integers(0, 6, n) << 8) | np.arange(n)
+        hit = rng.random(n) < rng.random()
+        carry, miss_carry = rng.integers(0, 3, 5), rng.integers(0, 7, 5)
+        order = np.argsort(keys)
+        run, started = run_lengths(hit[order], proc[order], carry)
+        last, miss = trailing_misses(hit[order], proc[order], miss_carry)
+        procs, last_hit, miss2, h_op, h_run, h_start = _runs_at_hits(
+            keys, proc, hit, carry, miss_carry
+        )
+        at = np.flatnonzero(hit[order])
+        assert procs.tolist() == proc[order][last].tolist() and miss2.tolist() == miss.tolist()
+        assert h_op.tolist() == order[at].tolist() and h_run.tolist() == run[at].tolist()
+        began = np.where(started[at] >= 0, order[np.maximum(started[at], 0)], -1)
+        assert h_start.tolist() == began.tolist()
+        ends_hit = hit[order][last]
+        assert (last_hit >= 0).tolist() == ends_hit.tolist()
+
+
+def test_stable_order_is_a_stable_argsort() -> None:
+    rng = np.random.default_rng(6)
+    for bound in (7, 1 << 16, 1 << 20, 1 << 40):
+        key = rng.integers(0, bound, 5000)
+        assert np.array_equal(stable_order(key, bound), np.argsort(key, kind="stable"))
+
+
+def test_weighted_group_median_is_the_median_of_the_copies() -> None:
+    rng = np.random.default_rng(8)
+    values = rng.normal(size=60)
+    weights = rng.integers(0, 5, 60)
+    groups = rng.integers(0, 6, 60)
+    got = weighted_group_median(values, weights, groups, 7)
+    want = group_median(np.repeat(values, weights), np.repeat(groups, weights), 7)
+    assert np.array_equal(got, want, equal_nan=True)
 
 
 def test_period_of_a_training_step_and_its_slots() -> None:
@@ -153,9 +230,8 @@ def test_memory_is_bounded_by_the_window(slow_run: Path) -> None:
     for ops, progress, now in windows(run, topo, 2048):
         stream.feed(ops, progress, now)
         cost = next(d for d in stream.detectors if type(d).__name__ == "CostDetector")
-        held.append(
-            len(stream.assembler.pending) + cost.open_n + sum(len(s.raw) for s in cost.recent)
-        )
+        steps = {id(s.steps): s.steps for s in cost.recent}  # kept steps share their batch
+        held.append(len(stream.assembler.pending) + cost.open_n + sum(map(len, steps.values())))
     held = held[len(held) // 2 :]  # once the step period is learned
     total = run.count("ops")
     assert max(held) < 0.25 * total

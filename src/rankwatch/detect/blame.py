@@ -21,6 +21,7 @@ import numpy as np
 
 from rankwatch.detect.base import Context, Window
 from rankwatch.detect.cohorts import Cohorts
+from rankwatch.detect.robust import run_heads, stable_order
 
 
 class BlameDetector:
@@ -89,7 +90,7 @@ class BlameDetector:
         mproc = r.proc[rec].astype(np.int64)
         # parent: the latest earlier candidate (same step) the last rank was a member of
         key = mproc * (k + 1) + pos
-        srt = np.argsort(key, kind="stable")
+        srt = stable_order(key, int(key.max()) + 1)
         q = (
             np.searchsorted(
                 key[srt], lp[cand].astype(np.int64) * (k + 1) + np.arange(k), side="left"
@@ -136,10 +137,12 @@ class BlameDetector:
             if proc in self.caused:
                 waited = self.caused[proc]
                 victims = np.flatnonzero(waited > 0)
-                cul.victims = {int(v): float(waited[v]) for v in victims}
-                cul.victim_comms = {
-                    int(v): set(np.flatnonzero(self.comms[proc][v]).tolist()) for v in victims
-                }
+                cul.victims = dict(zip(victims.tolist(), waited[victims].tolist(), strict=True))
+                vs, cs = np.nonzero(self.comms[proc][victims])
+                comms: dict[int, set[int]] = {int(v): set() for v in victims}
+                for v, cm in zip(victims[vs].tolist(), cs.tolist(), strict=True):
+                    comms[v].add(cm)
+                cul.victim_comms = comms
 
     def findings(self) -> list:
         return []  # victims are part of their culprit's straggler finding
@@ -147,23 +150,26 @@ class BlameDetector:
 
 def _top_two(g: np.ndarray, inst: np.ndarray, start: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Records of the latest and second-latest value of each contiguous instance (the
-    latest itself when an instance has one record), without sorting."""
-    n = len(g)
-    idx = np.arange(n)
+    latest itself when an instance has one record), without sorting: the first
+    record of each instance that holds its largest value, then the first that holds
+    the largest of the others."""
     top = np.maximum.reduceat(g, start)
-    is_top = g == top[inst]
-    last = np.full(len(start), n, dtype=np.int64)
-    np.minimum.at(last, inst[is_top], idx[is_top])
-    rest = np.where(idx == last[inst], -np.inf, g)
+    last = _first_of_each(np.flatnonzero(g == top[inst]), inst)  # every instance has one
+    rest = g.copy()
+    rest[last] = -np.inf
     top2 = np.maximum.reduceat(rest, start)
-    is_2 = (rest == top2[inst]) & np.isfinite(rest)
+    at2 = np.flatnonzero((rest == top2[inst]) & np.isfinite(rest))
     second = last.copy()
-    has = np.zeros(len(start), dtype=bool)
-    has[inst[is_2]] = True
-    first2 = np.full(len(start), n, dtype=np.int64)
-    np.minimum.at(first2, inst[is_2], idx[is_2])
-    second[has] = first2[has]
+    if len(at2):
+        i2 = inst[at2]
+        head = run_heads(i2)
+        second[i2[head]] = at2[head]
     return last, second
+
+
+def _first_of_each(at: np.ndarray, inst: np.ndarray) -> np.ndarray:
+    """The first of the positions `at` (ascending) in each instance they fall in."""
+    return at[run_heads(inst[at])]
 
 
 def _jump(parent: np.ndarray, fixed: np.ndarray) -> np.ndarray:

@@ -50,20 +50,39 @@ def _ids(sorted_keys: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 
 def build_cohorts(
-    r: Recs, partial_keys: np.ndarray | None = None, presorted: bool = False
+    r: Recs,
+    partial_keys: np.ndarray | None = None,
+    presorted: bool = False,
+    ids: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
+    partial: np.ndarray | None = None,
 ) -> Cohorts:
+    """Cohorts of records; `ids` (cohort id, start, count) and `partial` (per
+    cohort) when the caller has them already for presorted records."""
     if not presorted:
         r = r.take(np.lexsort((r.comm, r.key)))
-    gid, start, count = _ids(r.key)
-    with np.errstate(over="ignore"):
-        inst_key = r.uid
-    inst, istart, icount = _ids(inst_key)
-    partial = np.zeros(len(start), dtype=bool)
-    if partial_keys is not None and len(partial_keys):
-        partial = np.isin(r.key[start], partial_keys)
+        ids = None
+    gid, start, count = ids if ids is not None else _ids(r.key)
+    inst, istart, icount = _ids(r.uid)
+    if partial is None:
+        partial = np.zeros(len(start), dtype=bool)
+        if partial_keys is not None and len(partial_keys):
+            partial = np.isin(r.key[start], partial_keys)
     return Cohorts(
         r, gid, len(start), start, count, partial, inst, len(istart), istart, icount, gid[istart]
     )
+
+
+def cohort_order(key: np.ndarray, comm: np.ndarray) -> np.ndarray:
+    """Stable order by (key, comm): one sort of a combined integer when the two fit
+    in 63 bits (they do unless a job has thousands of communicator classes), a
+    lexsort otherwise."""
+    if not len(key):
+        return np.zeros(0, dtype=np.int64)
+    top = int(comm.max())
+    bits = max(top, 1).bit_length()
+    if int(comm.min()) >= 0 and int(key.min()) >= 0 and int(key.max()) < 1 << (63 - bits):
+        return np.argsort((key << bits) | comm, kind="stable")
+    return np.lexsort((comm, key))
 
 
 class Assembler:
@@ -102,17 +121,34 @@ class Assembler:
             allr = self.pending
         if not len(allr):
             return None
-        order = np.lexsort((allr.comm, allr.key))
+        order = cohort_order(allr.key, allr.comm)
         keys = allr.key[order]
         gid, start, count = _ids(keys)
-        code = np.where(allr.p2p[order][start], SEND, allr.func[order][start])
-        need = self.expected[allr.cls[order][start], code]
-        end = np.where(np.isfinite(allr.gend_c), allr.gend_c, allr.arrival_c)[order]
-        newest = np.maximum.reduceat(np.nan_to_num(end, nan=-np.inf), start)
+        head = order[start]  # the first record of each cohort
+        code = np.where(allr.p2p[head], SEND, allr.func[head])
+        need = self.expected[allr.cls[head], code]
         done = count >= need
-        stale = ~done & (flush | (newest < now - self.evict_ns))
-        release = (done | stale)[gid]
-        self.pending = allr.take(order[~release])
-        if not release.any():
+        stale = ~done
+        if not flush and stale.any():
+            # only cohorts still incomplete need their newest record's time
+            wait = np.flatnonzero(stale)
+            rows = order[np.repeat(start[wait], count[wait]) + _within(count[wait])]
+            end = np.where(np.isfinite(allr.gend_c[rows]), allr.gend_c[rows], allr.arrival_c[rows])
+            first = np.cumsum(count[wait]) - count[wait]
+            newest = np.maximum.reduceat(np.nan_to_num(end, nan=-np.inf), first)
+            stale[wait] = newest < now - self.evict_ns
+        out = done | stale
+        release = out[gid]
+        self.pending = allr.take(order[~release]) if not release.all() else Recs()
+        if not out.any():
             return None
-        return build_cohorts(allr.take(order[release]), keys[start][stale], presorted=True)
+        n = count[out]
+        ids = (np.repeat(np.arange(len(n)), n), np.cumsum(n) - n, n)
+        take = order if release.all() else order[release]
+        return build_cohorts(allr.take(take), presorted=True, ids=ids, partial=stale[out])
+
+
+def _within(count: np.ndarray) -> np.ndarray:
+    """0..count-1 for each group, concatenated."""
+    total = int(count.sum())
+    return np.arange(total) - np.repeat(np.cumsum(count) - count, count)

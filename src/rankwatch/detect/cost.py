@@ -22,109 +22,274 @@ import numpy as np
 
 from rankwatch.detect.base import Context, Window
 from rankwatch.detect.records import Recs
+from rankwatch.detect.robust import run_heads, run_tails, stable_order
 
-COLUMNS = ("proc", "comm", "uid", "prev_uid", "gstart_c", "gend_c", "d_gap", "d_xfer")
+COLUMNS = ("proc", "uid", "prev_uid", "gstart_c", "gend_c", "d_gap", "d_xfer")
 MAX_OPEN = 4_000_000  # records of a step without a world collective before it is cut
+STEPS_RECORDS = 32768  # records of the steps replayed together (see Steps)
 
 
-class Segment:
-    """One closed stretch of ops ending at a collective that spans every rank, ready
-    to be replayed: instances in order of their end, each record pointing at the
-    instance its process's previous op belonged to."""
+class Steps:
+    """Closed steps of one batch that hold a delay (up to about STEPS_RECORDS records
+    of them), replayed together: the replay of one step is a handful of numpy calls
+    per level of its dependency graph, so replaying many steps at once costs about
+    what one step did.
 
-    def __init__(self, recs: Recs) -> None:
-        self.raw = recs
+    Each step's instances (records of one uid) are ordered by their end, and each
+    record points at the instance its process's previous op belonged to in the
+    same step (`prev`). An instance's level is one more than the highest level of
+    the earlier instances it points at; a level depends only on lower ones, so
+    one vectorised pass per level replays every step of the batch. A record that
+    points at its own or a later instance reads no shift (that instance has not
+    been replayed when it is read).
+
+    Only the steps that a known culprit's delays touch are built and replayed
+    (`plan`); once the batch's steps are accounted, all but the last few (the ones
+    still kept for late confirmations) are dropped (`trim`)."""
+
+    def __init__(self, source: Recs, sel: np.ndarray, seg: np.ndarray, n_seg: int) -> None:
+        self.source, self.sel = source, sel  # the steps' records are source[sel]
+        self.seg = seg  # step of each record, 0..n_seg-1
+        self.n_seg = n_seg
+        # only steps that a known culprit's delays touch are replayed (and built)
+        self.planned = np.zeros(n_seg, dtype=bool)
         self.built = False
-        self.saving: dict[tuple, float] = {}  # culprit set -> saving ns
+        self.saving: dict[tuple, np.ndarray] = {}  # culprit set -> saving ns per step
+        self._touches: dict[tuple[int, str], np.ndarray] = {}
 
+    def __len__(self) -> int:
+        """Records held."""
+        return len(self.sel)
+
+    def _col(self, name: str, where: np.ndarray | None = None) -> np.ndarray:
+        sel = self.sel if where is None else self.sel[where]
+        return getattr(self.source, name)[sel]
+
+    def plan(self, culprits: tuple[tuple[int, str], ...], more: np.ndarray | None = None) -> None:
+        """Make the steps these culprits touch (and `more`) replayable."""
+        want = np.zeros(self.n_seg, dtype=bool) if more is None else more.copy()
+        for c in culprits:
+            want |= self.touches(c)
+        if (want & ~self.planned).any():
+            self.planned |= want
+            self.built = False
+            self.saving = {}  # recomputed alike, now for more steps
+
+    def trim(self, first: int) -> None:
+        """Keep the records of steps first.. only (the earlier ones are frozen), taken
+        out of the batch so that it can go."""
+        keep = np.flatnonzero(self.seg >= first)
+        self.source = Recs({k: self._col(k, keep) for k in COLUMNS})
+        self.sel, self.seg = np.arange(len(keep)), self.seg[keep]
+        self.built = False
+
+    # ------------------------------------------------------------------ build
     def _build(self) -> None:
-        """Sort into instances and chunks, once, when first replayed."""
         self.built = True
-        recs = self.raw
-        ok = np.isfinite(recs.gstart_c) & np.isfinite(recs.gend_c)
-        r = recs.take(np.flatnonzero(ok))
-        uniq, inv = np.unique(r.uid, return_inverse=True)
-        inv = inv.reshape(-1)
-        end = np.full(len(uniq), -np.inf)
-        np.maximum.at(end, inv, r.gend_c)
-        rank_of = np.empty(len(uniq), dtype=np.int64)
-        rank_of[np.argsort(end, kind="stable")] = np.arange(len(uniq))
-        inst = rank_of[inv]  # instance position in end order
-        order = np.argsort(inst, kind="stable")
-        self.r = r.take(order)
-        self.inst = inst[order]
-        self.n = len(uniq)
-        self.starts = (
-            np.flatnonzero(np.r_[True, self.inst[1:] != self.inst[:-1]]) if len(order) else order
-        )
-        pos = np.minimum(np.searchsorted(uniq, self.r.prev_uid), max(len(uniq) - 1, 0))
-        known = (len(uniq) > 0) & (uniq[pos] == self.r.prev_uid) if len(uniq) else np.zeros(0, bool)
-        self.prev = np.where(known, rank_of[pos], -1) if len(uniq) else np.zeros(0, np.int64)
-        self.g_max = (
-            np.maximum.reduceat(self.r.gstart_c, self.starts) if len(order) else np.zeros(0)
-        )
-        self.chunks = _chunks(self.inst, self.prev, self.n)
+        mine = np.flatnonzero(self.planned[self.seg])
+        raw = Recs({k: self._col(k, mine) for k in COLUMNS})
+        keep = np.flatnonzero(np.isfinite(raw.gstart_c) & np.isfinite(raw.gend_c))
+        seg = self.seg[mine][keep]
+        inst, n, inst_seg, inst_uid, heads, run_inst, find = _instances(raw.uid[keep], seg)
+        end = np.full(n, -np.inf)
+        if n:  # the latest end of each run of an instance's records, then of each instance
+            run_end = np.maximum.reduceat(raw.gend_c[keep], heads)
+            if len(heads) == n:
+                end[run_inst] = run_end
+            else:
+                np.maximum.at(end, run_inst, run_end)
+        # position: by step, then end, then uid (the order one step's replay runs in)
+        by_pos = np.lexsort((inst_uid, end, inst_seg))
+        pos_of = np.empty(n, dtype=np.int64)
+        pos_of[by_pos] = np.arange(n)
+        pos = pos_of[inst]
+        prev = find(raw.prev_uid[keep], seg)
+        prev_pos = np.where(prev >= 0, pos_of[np.maximum(prev, 0)], -1)
+        back = (prev_pos >= 0) & (prev_pos < pos)  # earlier instances only (see doc)
+        level = _levels(pos[back], prev_pos[back], n)  # per position
+        # q numbers instances by level, then position: the order they are replayed in
+        q_of = np.empty(n, dtype=np.int64)
+        q_of[stable_order(level, int(level.max()) + 1 if n else 1)] = np.arange(n)
+        q = q_of[pos]
+        order = stable_order(q, n)
+        rec = keep[order]
+        self.q = q[order]
+        self.g = raw.gstart_c[rec]
+        self.proc = raw.proc[rec]
+        self.d_gap = raw.d_gap[rec]
+        self.d_xfer = raw.d_xfer[rec]
+        self.prev = np.where(back, q_of[np.maximum(prev_pos, 0)], -1)[order]
+        self.n = n
+        self.starts = np.flatnonzero(run_heads(self.q))
+        self.g_max = np.maximum.reduceat(self.g, self.starts) if n else np.zeros(0)
+        self.levels = np.searchsorted(np.sort(level), np.arange(int(level.max()) + 2)) if n else []
+        self.rec_seg = seg[order]
+        self.seg_q = np.empty(n, dtype=np.int64)
+        self.seg_q[self.q] = self.rec_seg
+        # each step's last instance in end order: what the job waits on
+        last = np.full(self.n_seg, -1, dtype=np.int64)
+        if n:
+            seg_by_pos = inst_seg[by_pos]
+            end_pos = np.flatnonzero(run_tails(seg_by_pos))
+            last[seg_by_pos[end_pos]] = end_pos
+        self.last_q = np.where(last >= 0, q_of[np.maximum(last, 0)], -1)
 
-    contrib: dict = {}
-
-    def touches(self, culprit: tuple[int, str]) -> bool:
+    # ------------------------------------------------------------------ queries
+    def touches(self, culprit: tuple[int, str]) -> np.ndarray:
+        """Per step: whether the culprit's delays show in it."""
+        got = self._touches.get(culprit)
+        if got is not None:
+            return got
         proc, cause = culprit
-        r = self.raw
-        mine = r.proc == proc
+        mine = self._col("proc") == proc
         if cause == "transfer":
-            return bool(np.any(r.d_xfer[np.isin(r.uid, r.uid[mine])] > 0))
-        return bool(np.any(r.d_gap[mine] > 0))
+            inst = _instances(self._col("uid"), self.seg)[0]
+            theirs = np.zeros(int(inst.max()) + 1 if len(inst) else 0, dtype=bool)
+            theirs[inst[mine]] = True
+            delayed = theirs[inst] & (self._col("d_xfer") > 0)
+        else:
+            delayed = mine & (self._col("d_gap") > 0)
+        got = np.bincount(self.seg[delayed], minlength=self.n_seg) > 0
+        self._touches[culprit] = got
+        return got
 
-    def replay(self, culprits: tuple[tuple[int, str], ...]) -> float:
-        """Job time saved (ns, >= 0) with these culprits' delays removed."""
-        if culprits in self.saving:
-            return self.saving[culprits]
+    def replay(self, culprits: tuple[tuple[int, str], ...]) -> np.ndarray:
+        """Per step: job time saved (ns, >= 0) with these culprits' delays removed."""
+        got = self.saving.get(culprits)
+        if got is not None:
+            return got
         if not self.built:
             self._build()
-        r = self.r
         local = [p for p, c in culprits if c != "transfer"]
         xfer = [p for p, c in culprits if c == "transfer"]
-        dgap = np.where(np.isin(r.proc, local), r.d_gap, 0.0)
+        dgap = np.where(np.isin(self.proc, local), self.d_gap, 0.0)
         cut = np.zeros(self.n)
-        if xfer:
+        if xfer and self.n:
             hit = np.zeros(self.n, dtype=bool)
-            hit[self.inst[np.isin(r.proc, xfer)]] = True
-            np.maximum.at(cut, self.inst, np.where(hit[self.inst], r.d_xfer, 0.0))
-        saving = self._replay(dgap, cut) if (dgap.any() or cut.any()) else 0.0
+            hit[self.q[np.isin(self.proc, xfer)]] = True
+            # records come grouped by instance (q): the largest cut of each
+            cut = np.maximum.reduceat(np.where(hit[self.q], self.d_xfer, 0.0), self.starts)
+            cut = np.maximum(cut, 0.0)
+        # a step without any of these delays saves nothing (and is not replayed)
+        moved = np.bincount(self.rec_seg[dgap != 0], minlength=self.n_seg) > 0
+        moved |= np.bincount(self.seg_q[cut != 0], minlength=self.n_seg) > 0
+        saving = np.zeros(self.n_seg)
+        if moved.any():
+            shift = self._replay(dgap, cut)
+            done = moved & (self.last_q >= 0)
+            saving[done] = -shift[self.last_q[done]]
         self.saving[culprits] = saving
         return saving
 
-    def _replay(self, dgap: np.ndarray, cut: np.ndarray) -> float:
+    def _replay(self, dgap: np.ndarray, cut: np.ndarray) -> np.ndarray:
         shift = np.zeros(self.n)
-        g = self.r.gstart_c
-        for a, b in self.chunks:
-            lo, hi = self.starts[a], (self.starts[b] if b < self.n else len(g))
-            prev = self.prev[lo:hi]
-            gp = g[lo:hi] + np.where(prev >= 0, shift[np.maximum(prev, 0)], 0.0) - dgap[lo:hi]
-            top = np.maximum.reduceat(gp, self.starts[a:b] - lo)
+        g, prev, starts, lv = self.g, self.prev, self.starts, self.levels
+        for a, b in zip(lv[:-1].tolist(), lv[1:].tolist(), strict=True):
+            if a == b:
+                continue
+            lo, hi = starts[a], (starts[b] if b < self.n else len(g))
+            p = prev[lo:hi]
+            gp = g[lo:hi] + np.where(p >= 0, shift[np.maximum(p, 0)], 0.0) - dgap[lo:hi]
+            top = np.maximum.reduceat(gp, starts[a:b] - lo)
             shift[a:b] = np.minimum(0.0, top - self.g_max[a:b] - cut[a:b])
-        return float(-shift[-1]) if self.n else 0.0
+        return shift
 
 
-def _chunks(inst: np.ndarray, prev: np.ndarray, n: int) -> list[tuple[int, int]]:
-    """Runs of instances (in end order) none of which depends on another of the same
-    run, so each run is replayed in one vectorised step."""
-    dep = np.full(n, -1, dtype=np.int64)
-    np.maximum.at(dep, inst, prev)
-    out, start = [], 0
-    while start < n:
-        later = np.flatnonzero(dep[start + 1 :] >= start)
-        end = start + 1 + int(later[0]) if len(later) else n
-        out.append((start, end))
-        start = end
-    return out
+class Segment:
+    """One closed step (a stretch of ops ending at a collective that spans every
+    rank), held in the batch it closed in."""
+
+    __slots__ = ("steps", "k", "contrib")
+
+    def __init__(self, steps: Steps, k: int) -> None:
+        self.steps, self.k = steps, k
+        self.contrib: dict = {}
+
+    def touches(self, culprit: tuple[int, str]) -> bool:
+        return bool(self.steps.touches(culprit)[self.k])
+
+    def replay(self, culprits: tuple[tuple[int, str], ...]) -> float:
+        if not self.steps.planned[self.k]:  # not touched by these culprits: still exact
+            more = np.zeros(self.steps.n_seg, dtype=bool)
+            more[self.k] = True
+            self.steps.plan(culprits, more)
+        return float(self.steps.replay(culprits)[self.k])
 
 
-def _inst_max(uid: np.ndarray, v: np.ndarray) -> np.ndarray:
-    uniq, inv = np.unique(uid, return_inverse=True)
-    out = np.full(len(uniq), -np.inf)
-    np.maximum.at(out, inv.reshape(-1), np.where(np.isfinite(v), v, -np.inf))
-    return out[inv.reshape(-1)]
+def _instances(uid: np.ndarray, seg: np.ndarray):
+    """Instances (records of one uid in one step) of records that come grouped by
+    instance: (instance of each record, their count, each instance's step and uid,
+    the first record of each run of records of one instance, the instance of each
+    run, and a lookup (uid, step) -> instance, -1 for none)."""
+    n = len(uid)
+    first = np.ones(n, dtype=bool)
+    first[1:] = (uid[1:] != uid[:-1]) | (seg[1:] != seg[:-1])
+    heads = np.flatnonzero(first)
+    run = np.cumsum(first) - 1
+    ru, rs = uid[heads], seg[heads]
+    by_uid = np.argsort(ru)  # np.unique(ru, return_inverse=True, return_counts=True)
+    su = ru[by_uid]
+    new = run_heads(su)
+    uniq = su[new]
+    inv = np.empty(len(ru), dtype=np.int64)
+    inv[by_uid] = np.cumsum(new) - 1
+    cnt = np.diff(np.flatnonzero(new), append=len(su))
+    n_u = len(uniq)
+
+    def where_uid(u: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        j = np.minimum(np.searchsorted(uniq, u), max(n_u - 1, 0))
+        return j, (uniq[j] == u) if n_u else np.zeros(len(u), dtype=bool)
+
+    if not len(cnt) or cnt.max() == 1:  # the usual case: one run per uid, one step each
+        step = np.empty(n_u, dtype=seg.dtype)
+        step[inv] = rs
+
+        def find(u: np.ndarray, s: np.ndarray) -> np.ndarray:
+            j, ok = where_uid(u)
+            return np.where(ok & (step[j] == s), j, -1)
+
+        return inv[run], n_u, step, uniq, heads, inv, find
+    key = rs.astype(np.int64) * n_u + inv
+    ukey, inst = np.unique(key, return_inverse=True)
+    inst = inst.reshape(-1)
+
+    def find_key(u: np.ndarray, s: np.ndarray) -> np.ndarray:
+        j, ok = where_uid(u)
+        want = s.astype(np.int64) * n_u + j
+        k = np.minimum(np.searchsorted(ukey, want), len(ukey) - 1)
+        return np.where(ok & (ukey[k] == want), k, -1)
+
+    return inst[run], len(ukey), ukey // n_u, uniq[ukey % n_u], heads, inst, find_key
+
+
+def _levels(dst: np.ndarray, src: np.ndarray, n: int) -> np.ndarray:
+    """Level of each of n nodes of a DAG given by edges src -> dst (src < dst): 0
+    without incoming edges, else one more than its highest predecessor. Layer by
+    layer (Kahn), so each edge is looked at once."""
+    level = np.zeros(n, dtype=np.int64)
+    if not len(src):
+        return level
+    indeg = np.bincount(dst, minlength=n)
+    order = stable_order(src, n)
+    out = dst[order]
+    count = np.bincount(src, minlength=n)
+    begin = np.cumsum(count) - count
+    frontier = np.flatnonzero(indeg == 0)
+    depth = 0
+    while len(frontier):
+        level[frontier] = depth
+        cnt = count[frontier]
+        total = int(cnt.sum())
+        if not total:
+            break
+        idx = np.repeat(begin[frontier] - (np.cumsum(cnt) - cnt), cnt) + np.arange(total)
+        d = out[idx]
+        indeg -= np.bincount(d, minlength=n)
+        reached = np.zeros(n, dtype=bool)
+        reached[d] = True
+        frontier = np.flatnonzero(reached & (indeg == 0))
+        depth += 1
+    return level
 
 
 class CostDetector:
@@ -150,6 +315,8 @@ class CostDetector:
         now = tuple(sorted(self.ctx.culprits))
         if now != self.known:  # culprits confirmed since: re-cost the steps still kept
             self.known = now
+            for steps in {id(seg.steps): seg.steps for seg in self.recent}.values():
+                steps.plan(now)
             for seg in self.recent:
                 self._account(seg)
         c = window.cohorts
@@ -173,7 +340,10 @@ class CostDetector:
         mask = (r.comm == world) & ~r.p2p
         if not mask.any():
             return np.zeros(0)
-        return np.unique(_inst_max(r.uid[mask], r.gend_c[mask]))  # one step per world collective
+        # one step per world collective: its latest end (records come grouped by instance)
+        uid, end = r.uid[mask], r.gend_c[mask]
+        heads = np.flatnonzero(run_heads(uid))
+        return np.unique(np.maximum.reduceat(np.where(np.isfinite(end), end, -np.inf), heads))
 
     def _close(self, ends: np.ndarray) -> None:
         """Cut the open records into steps ending at each world collective's end."""
@@ -182,14 +352,34 @@ class CostDetector:
         allr = Recs.concat(self.open)
         end = np.where(np.isfinite(allr.gend_c), allr.gend_c, -np.inf)
         step = np.searchsorted(ends, end, side="left")  # records after the last end: len(ends)
-        order = np.argsort(step, kind="stable")
-        bounds = np.searchsorted(step[order], np.arange(len(ends) + 1))
-        for k in range(len(ends)):
-            part = order[bounds[k] : bounds[k + 1]]
-            if len(part) and (np.any(allr.d_gap[part] > 0) or np.any(allr.d_xfer[part] > 0)):
-                self._add(Segment(allr.take(part)))
-        rest = allr.take(order[bounds[-1] :])
-        self.open, self.open_n = ([rest], len(rest)) if len(rest) else ([], 0)
+        order = stable_order(step, len(ends) + 1)
+        delayed = (allr.d_gap > 0) | (allr.d_xfer > 0)
+        kept = np.bincount(step[delayed], minlength=len(ends) + 1)[: len(ends)] > 0
+        if kept.any():  # steps without a delay cost nothing: never replayed
+            sel = order[np.append(kept, False)[step[order]]]
+            seg = (np.cumsum(kept) - 1)[step[sel]]  # 0.. over the kept steps
+            per = np.bincount(seg)
+            # steps replayed together, up to about STEPS_RECORDS records (a bound on the
+            # memory a replay takes), each step whole
+            chunk = (np.cumsum(per) - per) // STEPS_RECORDS
+            cut = np.flatnonzero(np.diff(chunk, prepend=-1, append=-1))
+            made = []
+            for a, b in zip(cut[:-1].tolist(), cut[1:].tolist(), strict=True):
+                lo, hi = np.searchsorted(seg, [a, b])
+                steps = Steps(allr, sel[lo:hi], seg[lo:hi] - a, b - a)
+                steps.plan(self.known)
+                for k in range(steps.n_seg):
+                    self._add(Segment(steps, k))
+                made.append(steps)
+            # keep the records of steps still kept (not frozen) only
+            first: dict[int, int] = {}
+            for s in self.recent:
+                first.setdefault(id(s.steps), s.k)
+            for steps in made:
+                if id(steps) in first:
+                    steps.trim(first[id(steps)])
+        rest = order[step[order] == len(ends)]
+        self.open, self.open_n = ([allr.take(rest)], len(rest)) if len(rest) else ([], 0)
 
     def _add(self, seg: Segment) -> None:
         self.recent.append(seg)

@@ -44,8 +44,8 @@ def _symbols(r: Recs, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 def learn_periods(r: Recs) -> dict[int, int]:
     """Per op kind (`sym`): occurrences per step, voted over a few processes."""
     votes: dict[int, Counter] = {}
-    procs = np.unique(r.proc)
     counts = np.bincount(r.proc)
+    procs = np.flatnonzero(counts)  # the processes present, ascending (as np.unique)
     procs = procs[np.argsort(-counts[procs], kind="stable")][:SAMPLE_PROCS]
     for p in procs:
         idx = np.flatnonzero(r.proc == p)[:LEARN_OPS]

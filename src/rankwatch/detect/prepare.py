@@ -25,6 +25,7 @@ import numpy as np
 
 from rankwatch.detect.columns import OpColumns
 from rankwatch.detect.records import Recs
+from rankwatch.detect.robust import run_heads, run_tails, stable_order
 from rankwatch.detect.topology import RECV, SEND, Topology
 
 STALE_SLACK_NS = 2000.0  # clock jitter allowed between one op's end and the next's start
@@ -102,28 +103,33 @@ class Preparer:
         direction = np.where(p2p, np.where(ops.peer > ops.rank, 1, 2), 0)
         r.sym = (r.cls * 8 + ops.func) * 4 + direction
         r.cslot = t.slot_base[ops.comm] + np.minimum(ops.rank, t.comm_size[ops.comm] - 1)
-        self._stale_starts(r)
+        # each (communicator, rank)'s ops in stream order: shared by the two sorts below
+        by_slot = stable_order(r.cslot, int(r.cslot.max()) + 1) if len(r) else r.cslot
+        self._stale_starts(r, by_slot)
         self._gaps(r)
-        self._op_index(r)
+        self._op_index(r, by_slot)
         return Recs({k: (getattr(r, k).astype(t) if t else getattr(r, k)) for k, t in KEEP.items()})
 
-    def _stale_starts(self, r: Recs) -> None:
+    def _stale_starts(self, r: Recs, by_slot: np.ndarray) -> None:
         """Forget GPU starts that belong to an earlier op: NCCL runs a communicator's
         kernels in order, so a start before the previous op's end on the same
         communicator and rank is stale (unless both ran in one kernel and share the
-        start). Newer plugins flag these themselves; older records and other
-        writers do not."""
+        start), and so is a start after the op's own end. Newer plugins flag these
+        themselves; older records and other writers do not."""
         n = len(r)
         if not n:
             return
-        order = np.lexsort((np.nan_to_num(r.arrival, nan=np.inf), r.cslot))
+        arrival = np.nan_to_num(r.arrival, nan=np.inf)
+        order = _then_by(by_slot, r.cslot, arrival)
+        if order is None:  # arrival order differs from stream order somewhere
+            order = np.lexsort((arrival, r.cslot))
         s, gs, ge = r.cslot[order], r.gstart[order], r.gend[order]
-        first = np.r_[True, s[1:] != s[:-1]]
+        first = run_heads(s)
         prev_end, prev_start = np.r_[np.nan, ge[:-1]], np.r_[np.nan, gs[:-1]]
         prev_end[first], prev_start[first] = self.slot_end[s[first]], self.slot_start[s[first]]
         with np.errstate(invalid="ignore"):
-            stale = (gs + STALE_SLACK_NS < prev_end) & (gs != prev_start)
-        last = np.flatnonzero(np.r_[s[1:] != s[:-1], True])
+            stale = ((gs + STALE_SLACK_NS < prev_end) & (gs != prev_start)) | (gs > ge)
+        last = np.flatnonzero(run_tails(s))
         self.slot_end[s[last]], self.slot_start[s[last]] = ge[last], gs[last]
         if stale.any():
             bad = order[stale]
@@ -133,28 +139,31 @@ class Preparer:
 
     def _gaps(self, r: Recs) -> None:
         n, m = len(r), LOOKBACK
-        order = np.argsort(r.proc, kind="stable")  # each process's ops, in stream order
+        # each process's ops, in stream order
+        order = stable_order(r.proc, int(r.proc.max()) + 1) if n else np.zeros(0, np.int64)
         proc = r.proc[order]
         arr, end, uid = r.arrival[order], r.gend[order], r.uid[order]
         cut = _first_finite(r.gstart, r.arrival)[order]
         idx = np.arange(n)
-        first = np.r_[True, proc[1:] != proc[:-1]] if n else np.zeros(0, bool)
+        first = run_heads(proc)
         start = np.maximum.accumulate(np.where(first, idx, 0))
         q = idx - start  # position among the process's new ops
         best = np.full(n, -np.inf)
         best_uid = np.zeros(n, dtype=np.int64)
+        early = np.flatnonzero(q < m)  # a process's first ops here: look back into the carry
         for k in range(1, m + 1):
-            j = np.maximum(idx - k, 0)
-            p_arr, p_end, p_uid = arr[j], end[j], uid[j]
-            carried = np.flatnonzero(k > q)  # the k-th previous op came in an earlier batch
+            # the element k places back (its process's k-th previous op, unless carried)
+            p_arr, p_end, p_uid = _back(arr, k), _back(end, k), _back(uid, k)
+            carried = early[q[early] < k]  # the k-th previous op came in an earlier batch
             if len(carried):
                 pc, c = proc[carried], m - (k - q[carried])
                 p_arr[carried] = self.carry_arrival[pc, c]
                 p_end[carried] = self.carry_gend[pc, c]
                 p_uid[carried] = self.carry_uid[pc, c]
-            cand = np.where((p_arr < arr) & (p_end <= cut), p_end, -np.inf)
-            better = cand > best
-            best = np.where(better, cand, best)
+            # the latest end of an op that arrived before this one and ended before it
+            # started (ties: the nearer op)
+            better = (p_arr < arr) & (p_end <= cut) & (p_end > best)
+            best = np.where(better, p_end, best)
             best_uid = np.where(better, p_uid, best_uid)
         e_prev = np.empty(n)
         e_prev[order] = np.where(np.isfinite(best), best, np.nan)
@@ -188,7 +197,7 @@ class Preparer:
             ):
                 dest[p, t] = np.where(new, mine[src], before[np.arange(len(p)), shifted])
 
-    def _op_index(self, r: Recs) -> None:
+    def _op_index(self, r: Recs, by_slot: np.ndarray) -> None:
         idx = np.full(len(r), -1, dtype=np.int64)
         coll = np.flatnonzero(~r.p2p)
         if len(coll):
@@ -196,15 +205,40 @@ class Preparer:
             # issue order: ops of one communicator can complete (and arrive) out of order
             t = np.nan_to_num(r.arrival_c[coll], nan=0.0)
             rel = np.clip(t - t.min(), 0, 2.0**40 - 1).astype(np.int64)
-            order = np.argsort((slots.astype(np.int64) << 23) + (rel >> 17), kind="stable")
+            where = np.full(len(r), -1, dtype=np.int64)
+            where[coll] = np.arange(len(coll))
+            mine = where[by_slot]
+            order = _then_by(mine[mine >= 0], slots, rel >> 17)
+            if order is None:
+                order = np.argsort((slots.astype(np.int64) << 23) + (rel >> 17), kind="stable")
             s = slots[order]
             first = np.ones(len(s), dtype=bool)
             first[1:] = s[1:] != s[:-1]
             start = np.maximum.accumulate(np.where(first, np.arange(len(s)), 0))
             within = np.arange(len(s)) - start
             idx[coll[order]] = self.op_count[s] + within
-            np.add.at(self.op_count, s, 1)
+            heads = np.flatnonzero(first)
+            self.op_count[s[heads]] += np.diff(heads, append=len(s))  # ops per slot
         r.op_index = idx
+
+
+def _back(a: np.ndarray, k: int) -> np.ndarray:
+    """a shifted k places later (a[i - k]; the first k are a[0]): a slice, not a gather."""
+    out = np.empty_like(a)
+    out[k:] = a[: len(a) - k] if k < len(a) else a[:0]
+    out[: min(k, len(a))] = a[0] if len(a) else 0
+    return out
+
+
+def _then_by(by_group: np.ndarray, group: np.ndarray, value: np.ndarray) -> np.ndarray | None:
+    """`by_group` (a stable order by group) if it also orders each group by value,
+    i.e. the stable sort by (group, value); None when it does not. Records stream in
+    by GPU end, which within one process and communicator is almost always their
+    issue order: checking is a pass, sorting again a sort."""
+    g, v = group[by_group], value[by_group]
+    if np.all((v[1:] >= v[:-1]) | (g[1:] != g[:-1])):
+        return by_group
+    return None
 
 
 def _first_finite(a: np.ndarray, b: np.ndarray) -> np.ndarray:

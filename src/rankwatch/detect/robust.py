@@ -6,31 +6,75 @@ Python per element or per group.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 MAD_SCALE = 1.4826  # MAD -> standard deviation for normal data
 
 
+def group_sorted(
+    values: np.ndarray, gid: np.ndarray, n_groups: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The finite values sorted by (group, value): (values, their group, start and
+    count of each group)."""
+    ok = np.isfinite(values)
+    if not ok.all():
+        values, gid = values[ok], gid[ok]
+    v, g = values, gid
+    if len(v):
+        lo = v.min()
+        span = v.max() - lo
+        width = span * 1.001 + 1.0
+        # one float key (group, then value; exact to 1/4 unit) sorts faster than lexsort
+        exact = n_groups * width < 2.0**50
+        order = np.argsort(g * width + (v - lo)) if exact else np.lexsort((v, g))
+        v, g = v[order], g[order]
+    counts = np.bincount(g, minlength=n_groups)
+    starts = np.cumsum(counts) - counts
+    return v, g, starts, counts
+
+
 def group_median(values: np.ndarray, gid: np.ndarray, n_groups: int) -> np.ndarray:
     """Median of the finite values of each group (NaN for a group without any)."""
-    out = np.full(n_groups, np.nan)
-    ok = np.isfinite(values)
-    if not ok.any():
-        return out
-    v, g = values[ok], gid[ok]
-    lo = v.min()
-    span = v.max() - lo
-    width = span * 1.001 + 1.0
-    # one float key (group, then value; exact to 1/4 unit) sorts faster than lexsort
-    exact = n_groups * width < 2.0**50
-    order = np.argsort(g * width + (v - lo)) if exact else np.lexsort((v, g))
-    v, g = v[order], g[order]
-    counts = np.bincount(g, minlength=n_groups)
-    starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    return sorted_median(*group_sorted(values, gid, n_groups))[0]
+
+
+def sorted_median(
+    v: np.ndarray, g: np.ndarray, starts: np.ndarray, counts: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per group of group_sorted's output: (median, NaN for an empty group; whether
+    the group has values)."""
+    out = np.full(len(counts), np.nan)
     has = counts > 0
     lo = starts[has] + (counts[has] - 1) // 2
     hi = starts[has] + counts[has] // 2
     out[has] = 0.5 * (v[lo] + v[hi])
+    return out, has
+
+
+def weighted_group_median(
+    values: np.ndarray, weights: np.ndarray, gid: np.ndarray, n_groups: int
+) -> np.ndarray:
+    """group_median of a multiset given as distinct items with repeat counts: the
+    median of each group where value i counts weights[i] times (NaN for a group
+    without any). Sorts the items, not their copies."""
+    out = np.full(n_groups, np.nan)
+    keep = (weights > 0) & np.isfinite(values)
+    v, w, g = values[keep], weights[keep], gid[keep]
+    if not len(v):
+        return out
+    order = np.lexsort((v, g))
+    v, w, g = v[order], w[order], g[order]
+    total = np.bincount(g, weights=w, minlength=n_groups).astype(np.int64)
+    ends = np.cumsum(w)  # copies up to and including each item, over all groups
+    before = np.cumsum(total) - total  # copies of earlier groups
+    has = total > 0
+    lo = before[has] + (total[has] - 1) // 2  # ranks of the two middle copies
+    hi = before[has] + total[has] // 2
+    # the item holding copy k is the first whose running count exceeds k
+    a, b = np.searchsorted(ends, lo, side="right"), np.searchsorted(ends, hi, side="right")
+    out[has] = 0.5 * (v[a] + v[b])
     return out
 
 
@@ -50,36 +94,75 @@ def dense_ids(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def run_lengths(
-    hit: np.ndarray, group: np.ndarray, carry: np.ndarray
+    hit: np.ndarray, group: np.ndarray, carry: np.ndarray, gstart: np.ndarray | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
     """Length of the run of consecutive hits ending at each element, per group.
 
     Elements must be sorted by group, then by time. `carry[g]` is the run length
     group g had before these elements. Returns (run length at each element,
     index of the element where that run started here, or -1 when it started
-    before these elements)."""
+    before these elements). `gstart`: group_starts(group), when the caller has it.
+
+    Hits are rare, so the work is done at the hits: a run is a block of
+    consecutive hit positions, cut where a group begins."""
     n = len(hit)
-    if n == 0:
-        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
-    idx = np.arange(n)
-    first = np.ones(n, dtype=bool)
-    first[1:] = group[1:] != group[:-1]
-    group_start = np.maximum.accumulate(np.where(first, idx, 0))
-    last_break = np.maximum.accumulate(np.where(~hit, idx, -1))
-    broke = last_break >= group_start
-    run = np.where(broke, idx - last_break, idx - group_start + 1 + carry[group])
-    run = np.where(hit, run, 0)
-    started = np.where(broke, last_break + 1, np.where(carry[group] > 0, -1, group_start))
-    return run, np.where(hit, started, -1)
+    run = np.zeros(n, dtype=np.int64)
+    started = np.full(n, -1, dtype=np.int64)
+    h = np.flatnonzero(hit)
+    if not len(h):
+        return run, started
+    gs = (group_starts(group) if gstart is None else gstart)[h]
+    block = np.ones(len(h), dtype=bool)
+    block[1:] = h[:-1] < np.maximum(h[1:] - 1, gs[1:])  # a miss, or a new group, before
+    begin = np.maximum.accumulate(np.where(block, h, 0))  # first hit of each block
+    c = carry[group[h]]
+    whole = begin == gs  # the run goes back to the group's first element (and maybe before)
+    run[h] = np.where(whole, h - gs + 1 + c, h - begin + 1)
+    started[h] = np.where(whole & (c > 0), -1, begin)
+    return run, started
+
+
+def run_heads(a: np.ndarray) -> np.ndarray:
+    """True where a run of equal values begins (np.r_[True, a[1:] != a[:-1]], cheaper)."""
+    out = np.empty(len(a), dtype=bool)
+    out[:1] = True
+    np.not_equal(a[1:], a[:-1], out=out[1:])
+    return out
+
+
+def run_tails(a: np.ndarray) -> np.ndarray:
+    """True where a run of equal values ends."""
+    out = np.empty(len(a), dtype=bool)
+    out[-1:] = True
+    np.not_equal(a[1:], a[:-1], out=out[:-1])
+    return out
+
+
+def group_starts(group: np.ndarray) -> np.ndarray:
+    """For elements sorted by group: the index of the first element of each one's group."""
+    return np.maximum.accumulate(np.where(run_heads(group), np.arange(len(group)), 0))
+
+
+def trailing_misses(
+    hit: np.ndarray, group: np.ndarray, carry: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per group present (sorted by group): (its last element, the number of
+    consecutive non-hits that end the group, counting `carry[g]` before these
+    elements when the group has no hit)."""
+    last = last_per_group(group)
+    begin = np.concatenate([[0], last[:-1] + 1])
+    h = np.flatnonzero(hit)
+    latest = np.full(len(last), -1, dtype=np.int64)
+    if len(h):
+        k = np.searchsorted(last, h)  # the group of each hit
+        latest[k] = h  # hits ascend: the last one of a group is written last
+    out = np.where(latest >= 0, last - latest, last - begin + 1 + carry[group[last]])
+    return last, out
 
 
 def last_per_group(group: np.ndarray) -> np.ndarray:
     """Index of the last element of each run of equal, sorted group ids."""
-    if len(group) == 0:
-        return np.zeros(0, dtype=np.int64)
-    last = np.ones(len(group), dtype=bool)
-    last[:-1] = group[:-1] != group[1:]
-    return np.flatnonzero(last)
+    return np.flatnonzero(run_tails(group))
 
 
 def cusum(step: np.ndarray, group: np.ndarray, carry: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -88,33 +171,63 @@ def cusum(step: np.ndarray, group: np.ndarray, carry: np.ndarray) -> tuple[np.nd
     Elements sorted by group, then time; `carry[g]` is S before them. Returns (S at
     each element, index where the current excursion above 0 began here, or -1
     when it began before these elements, or at no element when S is 0)."""
+    s, began_at = cusum_lazy(step, group, carry)
+    return s, began_at(np.arange(len(step)))
+
+
+def cusum_lazy(
+    step: np.ndarray,
+    group: np.ndarray,
+    carry: np.ndarray,
+    gstart: np.ndarray | None = None,
+    dense: bool = False,
+) -> tuple[np.ndarray, Callable[[np.ndarray], np.ndarray]]:
+    """cusum, with where each excursion began computed only at the elements asked
+    for (callers want it at a few). `gstart`: group_starts(group) when the caller
+    has it; `dense`: group is already 0, 1, 2, ... (its own group index)."""
     n = len(step)
     if n == 0:
-        return np.zeros(0), np.zeros(0, dtype=np.int64)
+        return np.zeros(0), lambda at: np.zeros(len(at), dtype=np.int64)
     idx = np.arange(n)
-    first = np.ones(n, dtype=bool)
-    first[1:] = group[1:] != group[:-1]
-    gstart = np.maximum.accumulate(np.where(first, idx, 0))
+    if gstart is None:
+        gstart = group_starts(group)
     total = np.cumsum(step)
     c = total - (total - step)[gstart]  # within-group cumulative sum C_t
-    gid = np.cumsum(first) - 1
+    gid = group if dense else np.cumsum(gstart == idx) - 1
     big = 4.0 * (np.abs(c).max() + np.abs(carry).max() + 1.0)
     low = np.minimum.accumulate(np.minimum(c, -carry[group]) - gid * big) + gid * big
     s = c - low
     zero = s <= 1e-9 * big
     s = np.where(zero, 0.0, s)
     last_zero = np.maximum.accumulate(np.where(zero, idx, -1))
-    began = np.where(last_zero >= gstart, last_zero + 1, np.where(carry[group] > 0, -1, gstart))
-    began = np.where(zero, n, began)
-    return s, np.where(began >= n, -2, began)
+
+    def began_at(at: np.ndarray) -> np.ndarray:
+        lz, gs = last_zero[at], gstart[at]
+        began = np.where(lz >= gs, lz + 1, np.where(carry[group[at]] > 0, -1, gs))
+        return np.where(zero[at], -2, began)
+
+    return s, began_at
 
 
 def nanmax(a: np.ndarray) -> float:
     """Largest finite value, -inf when there is none (no warning)."""
-    a = a[np.isfinite(a)]
-    return float(a.max()) if len(a) else -np.inf
+    return float(np.max(a, initial=-np.inf, where=np.isfinite(a))) if len(a) else -np.inf
 
 
 def nanmin(a: np.ndarray) -> float:
-    a = a[np.isfinite(a)]
-    return float(a.min()) if len(a) else np.inf
+    return float(np.min(a, initial=np.inf, where=np.isfinite(a))) if len(a) else np.inf
+
+
+def stable_order(key: np.ndarray, bound: int) -> np.ndarray:
+    """argsort(key, kind="stable") for integer keys in [0, bound).
+
+    NumPy sorts 16-bit integers stably with a radix sort, in linear time; a key
+    below 2**32 takes two such passes (low half, then high half). That is several
+    times cheaper than the merge sort a stable sort of 64-bit keys gets."""
+    if bound <= 1 << 16:
+        return np.argsort(key.astype(np.uint16), kind="stable")
+    if bound <= 1 << 32:
+        order = np.argsort((key & 0xFFFF).astype(np.uint16), kind="stable")
+        high = (key >> 16).astype(np.uint16)[order]
+        return order[np.argsort(high, kind="stable")]
+    return np.argsort(key, kind="stable")

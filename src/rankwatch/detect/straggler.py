@@ -42,7 +42,20 @@ from rankwatch.detect.cohorts import Cohorts
 from rankwatch.detect.grid import Grid
 from rankwatch.detect.records import Recs
 from rankwatch.detect.report import costly, render
-from rankwatch.detect.robust import MAD_SCALE, cusum, group_median, run_lengths
+from rankwatch.detect.robust import (
+    MAD_SCALE,
+    cusum_lazy,
+    group_median,
+    group_sorted,
+    group_starts,
+    run_heads,
+    run_lengths,
+    run_tails,
+    sorted_median,
+    stable_order,
+    trailing_misses,
+    weighted_group_median,
+)
 from rankwatch.detect.topology import FUNCS
 from rankwatch.model import Finding
 
@@ -64,28 +77,53 @@ ONSET = ("seq", "ns", "comm", "func")  # where a run or excursion began
 
 
 def _slot_order(r: Recs, idx: np.ndarray, width: int) -> tuple[np.ndarray, np.ndarray]:
-    """idx sorted by (proc, slot, seq) with one integer sort, and the (proc, slot) key."""
+    """idx sorted by (proc, slot, seq), and the (proc, slot) key.
+
+    Records come sorted by cohort, and a cohort key orders one (proc, slot)'s ops
+    by seq: a radix sort by (proc, slot) alone then gives the order, which one
+    pass checks; an integer sort of (proc, slot, seq) otherwise."""
     flat = r.proc[idx].astype(np.int64) * width + r.slot[idx]
     seq = r.seq[idx]
-    rel = (seq - seq.min()) if len(seq) else seq
-    order = np.argsort((flat << 24) | np.minimum(rel, (1 << 24) - 1), kind="stable")
-    return idx[order], flat[order]
+    if not len(idx):
+        return idx, flat
+    order = stable_order(flat, int(flat.max()) + 1)
+    f, q = flat[order], seq[order]
+    if not np.all((q[1:] >= q[:-1]) | (f[1:] != f[:-1])):
+        rel = seq - seq.min()
+        order = np.argsort((flat << 24) | np.minimum(rel, (1 << 24) - 1), kind="stable")
+        f = flat[order]
+    return idx[order], f
 
 
 def _time_order(r: Recs, idx: np.ndarray) -> np.ndarray:
-    """idx sorted by (proc, GPU start) with one integer sort."""
+    """idx sorted by (proc, GPU start to 16 ns), ties in their order: by time, then a
+    radix sort by proc."""
     t = np.nan_to_num(r.gstart_c[idx], nan=0.0)
     rel = np.clip(t - (t.min() if len(t) else 0.0), 0, 2.0**40 - 1).astype(np.int64) >> 4
-    return idx[np.argsort((r.proc[idx].astype(np.int64) << 36) | rel, kind="stable")]
+    n = len(idx)
+    if not n:
+        return idx
+    if n < 1 << 27:  # unique keys (time, position): the fast unstable sort is stable
+        by_time = np.argsort((rel << 27) | np.arange(n))
+    else:
+        by_time = np.argsort(rel, kind="stable")
+    proc = r.proc[idx][by_time]
+    return idx[by_time[stable_order(proc, int(proc.max()) + 1)]]
 
 
 def _dense(keys: np.ndarray, ok: np.ndarray) -> tuple[np.ndarray, int]:
-    """Dense ids of keys (those not ok share one id of their own); no sort when the
-    keys already come in order, as they do without pipeline stages."""
+    """Dense ids of keys in key order (those not ok share one id of their own, the
+    first): a table of the keys present when they are small, as they are (cohort,
+    stage, function), else np.unique."""
     k = np.where(ok, keys, -1)
-    if len(k) and np.all(k[1:] >= k[:-1]):
-        first = np.r_[True, k[1:] != k[:-1]]
+    if len(k) and np.all(k[1:] >= k[:-1]):  # already in order, as without stages
+        first = run_heads(k)
         return np.cumsum(first) - 1, int(first.sum())
+    if len(k) and int(k.max()) < 8 * len(k) + 1024:
+        present = np.zeros(int(k.max()) + 2, dtype=bool)
+        present[k + 1] = True
+        ids = np.cumsum(present) - 1
+        return ids[k + 1], int(ids[-1]) + 1
     uniq, inv = np.unique(k, return_inverse=True)
     return inv.reshape(-1), len(uniq)
 
@@ -101,17 +139,77 @@ def _reference(x: np.ndarray, group: np.ndarray, n_groups: int, count: np.ndarra
 
 
 def _last(group: np.ndarray) -> np.ndarray:
-    return np.flatnonzero(np.r_[group[1:] != group[:-1], True]) if len(group) else group
+    return np.flatnonzero(run_tails(group))
 
 
 def _onsets(r: Recs, order: np.ndarray, started: np.ndarray, carried: np.ndarray) -> np.ndarray:
     """(seq, ns, comm, func) where runs began: the record at position `started` of
     `order` in this batch (>= 0), else the carried start of a run that began earlier."""
-    here = order[np.maximum(started, 0)]
+    return _onsets_at(r, np.where(started >= 0, order[np.maximum(started, 0)], -1), carried)
+
+
+def _onsets_at(r: Recs, rec: np.ndarray, carried: np.ndarray) -> np.ndarray:
+    """_onsets for record indices (-1: carried)."""
+    here = np.maximum(rec, 0)
     own = np.stack([r.seq[here], r.arrival_c[here], r.comm[here], r.func[here]], axis=1).astype(
         float
     )
-    return np.where((started >= 0)[:, None], own, carried)
+    return np.where((rec >= 0)[:, None], own, carried)
+
+
+def _time_keys(r: Recs, idx: np.ndarray) -> np.ndarray | None:
+    """One integer per op whose order is _time_order's (proc, GPU start to 16 ns,
+    position in idx), or None when proc, time and position do not fit 63 bits."""
+    n = len(idx)
+    if not n:
+        return None
+    t = np.nan_to_num(r.gstart_c[idx], nan=0.0)
+    rel = np.clip(t - t.min(), 0, 2.0**40 - 1).astype(np.int64) >> 4
+    proc = r.proc[idx].astype(np.int64)
+    pb = max(n - 1, 1).bit_length()
+    tb = max(int(rel.max()), 1).bit_length()
+    if max(int(proc.max()), 1).bit_length() + tb + pb > 62 or int(proc.min()) < 0:
+        return None
+    return (proc << (tb + pb)) | (rel << pb) | np.arange(n)
+
+
+def _runs_at_hits(keys: np.ndarray, proc: np.ndarray, hit: np.ndarray, carry_run, carry_miss):
+    """run_lengths and trailing_misses over ops in the order of `keys` (unique), per
+    proc, computed at the hits only (hits are rare): no sort of all the ops.
+
+    Between two hits of a rank there is a miss when some op of that rank has a key
+    between theirs; each op is located among the sorted hit keys by a binary search.
+    Returns (procs present, the index into the hits of each one's last op when that
+    is a hit else -1, each one's trailing misses, and per hit in key order: its op,
+    its run, and the op where its run began, -1 when it began before these ops)."""
+    n_p = int(proc.max()) + 1
+    hj = np.flatnonzero(hit)
+    hj = hj[np.argsort(keys[hj])]
+    hk, hp = keys[hj], proc[hj]
+    nh = len(hk)
+    per_proc = np.bincount(proc, minlength=n_p)
+    n_hits = np.bincount(hp, minlength=n_p)
+    base = np.cumsum(n_hits) - n_hits  # each rank's first hit, in key order
+    slot = np.searchsorted(hk, keys, side="right")  # hits at or before each op
+    before = np.bincount(proc[slot == base[proc]], minlength=n_p)  # ops before its first hit
+    after = np.bincount(proc[slot == (base + n_hits)[proc]], minlength=n_p)  # from its last hit
+    procs = np.flatnonzero(per_proc)
+    has = n_hits[procs] > 0
+    miss = np.where(has, after[procs] - 1, per_proc[procs] + carry_miss[procs])
+    last_hit = np.where(has & (after[procs] == 1), (base + n_hits - 1)[procs], -1)
+    if not nh:
+        empty = np.zeros(0, dtype=np.int64)
+        return procs, last_hit, miss, empty, empty, empty
+    between = np.bincount(slot, minlength=nh + 1)[:nh] - 1  # ops strictly between hits
+    j = np.arange(nh)
+    first = j == base[hp]
+    block = first | (between > 0)
+    begin = np.maximum.accumulate(np.where(block, j, 0))
+    c = carry_run[hp]
+    whole = first[begin] & (before[hp] == 0)  # back to the rank's first op here
+    run = j - begin + 1 + np.where(whole, c, 0)
+    started = np.where(whole & (c > 0), -1, hj[begin])
+    return procs, last_hit, miss, hj, run, started
 
 
 def _first_fired(r: Recs, order, fired, onset, known) -> dict[int, tuple]:
@@ -165,10 +263,10 @@ class StragglerDetector:
             grow = np.zeros(self.ctx.slots.size - len(self.sig_slot))
             self.sig_slot = np.r_[self.sig_slot, grow]
             self.pair_sig = np.r_[self.pair_sig, grow]
-        excess, sg, n_sg, sigma, med, ok = self._cohort_stats(c)
+        excess, sg, n_sg, sigma, ref, ok = self._cohort_stats(c)
         resid = self._baseline(r, excess, sigma, ok)
         judged = np.isfinite(resid)
-        floor = np.maximum(cfg.hit_ns, cfg.rel_hit * np.abs(np.nan_to_num(med)))
+        floor = np.maximum(cfg.hit_ns, cfg.rel_hit * np.abs(np.nan_to_num(ref)))[sg]
         hit = judged & (resid > np.maximum(cfg.z_hit * sigma, floor))
         excess_h = self._host_excess(r, sg, n_sg, ok, hit)
         host = hit & (excess_h >= cfg.host_share * excess)
@@ -236,19 +334,23 @@ class StragglerDetector:
         stages = int(r.stage.max()) + 1 if len(r) else 1
         sg, n_sg = _dense((c.gid * stages + r.stage) * 8 + r.func, ok)
         x = np.where(ok, r.gap_g, np.nan)
-        count = np.bincount(sg[ok], minlength=n_sg)
-        pair = count[sg] == 2
-        ref = _reference(x, sg, n_sg, count)
+        v, vg, start, count = group_sorted(x, sg, n_sg)  # one sort serves both medians
+        cnt = count[sg]
+        pair = cnt == 2
+        ref, _ = sorted_median(v, vg, start, count)
+        two = count == 2
+        if two.any():  # a pair's reference is its earlier rank
+            ref = np.where(two, v[np.minimum(start, len(v) - 1)], ref)  # two values: len(v) > 0
         dev = x - ref[sg]
         # scale: MAD; from 8 ranks on one-sided (the early half's median distance is
         # 0.6745 sigma), which late ranks cannot inflate
-        big = count[sg] >= LOWER_SIDE_MIN
-        dist = np.where(big & (dev > 0), np.nan, np.abs(dev))
-        scale = np.where(count >= LOWER_SIDE_MIN, Q_SCALE, MAD_SCALE) * group_median(dist, sg, n_sg)
-        ok &= (count[sg] >= cfg.min_cohort) | pair
+        scale = np.where(count >= LOWER_SIDE_MIN, Q_SCALE, MAD_SCALE) * self._spread(
+            v, vg, start, count, ref, dev, sg, n_sg
+        )
+        ok &= (cnt >= cfg.min_cohort) | pair
         sig_c = scale[sg]
         many = ok & ~pair
-        self._update_sigma(r.slot[many], sig_c[many])
+        self._update_sigma(r.slot[many], sig_c[many], scale, sg[many], n_sg)
         # a cohort's own scale is noisy (a few ranks); the slot's typical scale is not
         typical = self.sig_slot[r.slot]
         sigma = np.fmax(
@@ -258,7 +360,7 @@ class StragglerDetector:
         if pair.any():
             sigma = np.where(pair, self._pair_sigma(r.slot, dev, ok & pair), sigma)
         excess = np.where(ok, dev, np.nan)
-        return excess, sg, n_sg, sigma, ref[sg], ok
+        return excess, sg, n_sg, sigma, ref, ok
 
     def _pair_sigma(self, slot: np.ndarray, dev: np.ndarray, pair: np.ndarray) -> np.ndarray:
         """Sigma of pair cohorts: the slot's typical |difference| between the two
@@ -306,10 +408,42 @@ class StragglerDetector:
         out[sel] = waited - ref[local]
         return out
 
-    def _update_sigma(self, slot: np.ndarray, sig: np.ndarray) -> None:
+    @staticmethod
+    def _spread(v, vg, start, count, ref, dev, sg, n_sg) -> np.ndarray:
+        """Per stats group: the median distance from the reference, over the early
+        side (values at or below it) from LOWER_SIDE_MIN ranks on, else over all.
+
+        The early side of a large group is the start of its sorted values (v, from
+        group_sorted), whose distances ref - v are those values reversed: their
+        median is read off by position, without sorting them again."""
+        out = np.full(n_sg, np.nan)
+        big = count >= LOWER_SIDE_MIN
+        if big.any():
+            m = np.bincount(vg[v <= ref[vg]], minlength=n_sg)[big]
+            base = start[big] + m - 1
+            a, b = base - (m - 1) // 2, base - m // 2
+            rb = ref[big]
+            out[big] = 0.5 * ((rb - v[a]) + (rb - v[b]))
+        small = (count > 0) & ~big
+        if small.any():
+            sel = np.flatnonzero(small[sg])
+            out[small] = group_median(np.abs(dev[sel]), sg[sel], n_sg)[small]
+        return out
+
+    def _update_sigma(
+        self, slot: np.ndarray, sig: np.ndarray, scale: np.ndarray, sg: np.ndarray, n_sg: int
+    ) -> None:
+        """EWMA of each slot's median cohort scale (over records: each stats group's
+        scale counts once per record of it, `sg`)."""
         if not len(slot):
             return
-        per = group_median(sig, slot, len(self.sig_slot))
+        g_slot = np.full(n_sg, -1, dtype=np.int64)
+        g_slot[sg] = slot
+        if np.array_equal(g_slot[sg], slot):  # a group lies in one slot (as it should)
+            weight = np.bincount(sg, minlength=n_sg)
+            per = weighted_group_median(scale, weight, g_slot, len(self.sig_slot))
+        else:
+            per = group_median(sig, slot, len(self.sig_slot))
         has = np.isfinite(per)
         fresh = has & (self.sig_slot == 0)
         self.sig_slot[fresh] = per[fresh]
@@ -325,14 +459,17 @@ class StragglerDetector:
         g, learn = self.grid, self.ctx.config.learn
         order, flat = _slot_order(r, np.flatnonzero(ok), g.width)
         self._order = (order, flat)  # reused by _slot_persistence
-        p, s = r.proc[order], r.slot[order]
-        first = np.r_[True, flat[1:] != flat[:-1]] if len(flat) else flat.astype(bool)
-        start = np.maximum.accumulate(np.where(first, np.arange(len(flat)), 0))
-        k = g["nobs"][p, s] + (np.arange(len(flat)) - start)
+        nobs = g["nobs"].reshape(-1)  # a view: [proc, slot] at proc * width + slot
+        start = group_starts(flat)
+        k = nobs[flat] + (np.arange(len(flat)) - start)
         learning = k < learn
-        g["learn"][p[learning], s[learning], k[learning]] = excess[order][learning]
-        g["learn_sig"][p[learning], s[learning], k[learning]] = sigma[order][learning]
-        np.add.at(g["nobs"], (p, s), 1)
+        if learning.any():
+            at = order[learning]
+            p, s, kk = r.proc[at], r.slot[at], k[learning]
+            g["learn"][p, s, kk] = excess[at]
+            g["learn_sig"][p, s, kk] = sigma[at]
+        heads = np.flatnonzero(start == np.arange(len(flat)))
+        nobs[flat[heads]] += np.diff(heads, append=len(flat))  # records per (proc, slot)
         done = np.unique(flat[learning & (k == learn - 1)])
         if len(done):
             dp, ds = done // g.width, done % g.width
@@ -341,7 +478,7 @@ class StragglerDetector:
             g["base"][dp, ds] = np.sign(m) * np.maximum(np.abs(m) - se, 0.0)
         resid = np.full(len(r), np.nan)
         judged = order[~learning]
-        resid[judged] = excess[judged] - g["base"][r.proc[judged], r.slot[judged]]
+        resid[judged] = excess[judged] - g["base"].reshape(-1)[flat[~learning]]
         return resid
 
     # ------------------------------------------------------------------ persistence
@@ -351,41 +488,81 @@ class StragglerDetector:
         order, flat = self._order  # the baseline's (proc, slot, seq) order, judged ones
         keep = judged[order]
         order, flat = order[keep], flat[keep]
-        first = np.r_[True, flat[1:] != flat[:-1]] if len(flat) else flat.astype(bool)
+        first = run_heads(flat)
         grp = np.cumsum(first) - 1
-        uniq = flat[first]
-        up, us = uniq // g.width, uniq % g.width
+        uniq = flat[first]  # [proc, slot] of each group, flat (views below)
+        g_run, g_cusum = g["run"].reshape(-1), g["cusum"].reshape(-1)
+        g_run_at, g_cusum_at = g["run_at"].reshape(-1, 4), g["cusum_at"].reshape(-1, 4)
         last = _last(grp)
-        run, started = run_lengths(hit[order], grp, g["run"][up, us])
-        step = np.minimum(np.nan_to_num(z[order]), cfg.cusum_clip) - cfg.cusum_k
-        s, began = cusum(step, grp, g["cusum"][up, us])
-        carried_run, carried_cusum = g["run_at"][up, us], g["cusum_at"][up, us]  # copies
-        g["run"][up, us], g["cusum"][up, us] = run[last], s[last]
-        g["run_at"][up, us] = np.where(
+        gstart = group_starts(grp)
+        run, started = run_lengths(hit[order], grp, g_run[uniq], gstart)
+        # z is finite here (judged: a finite residual over a sigma of at least its floor)
+        step = np.minimum(z[order], cfg.cusum_clip) - cfg.cusum_k
+        s, began_at = cusum_lazy(step, grp, g_cusum[uniq], gstart, dense=True)
+        carried_run, carried_cusum = g_run_at[uniq], g_cusum_at[uniq]  # copies
+        g_run[uniq], g_cusum[uniq] = run[last], s[last]
+        g_run_at[uniq] = np.where(
             run[last, None] > 0, _onsets(r, order, started[last], carried_run), -1.0
         )
-        g["cusum_at"][up, us] = np.where(
-            s[last, None] > 0, _onsets(r, order, began[last], carried_cusum), -1.0
+        g_cusum_at[uniq] = np.where(
+            s[last, None] > 0, _onsets(r, order, began_at(last), carried_cusum), -1.0
         )
-        pair = self._pair[order]
-        by_run = run >= np.where(pair, cfg.pair_persist, cfg.persist)
-        fired = np.flatnonzero(by_run | (s >= np.where(pair, 2 * cfg.cusum_h, cfg.cusum_h)))
-        fired = fired[~np.isin(r.proc[order[fired]], self._known())]
+        # what may fire (the lower of the pair and non-pair thresholds), then the exact test
+        low_run, low_s = min(cfg.persist, cfg.pair_persist), min(cfg.cusum_h, 2 * cfg.cusum_h)
+        fired = np.flatnonzero((run >= low_run) | (s >= low_s))
+        pair = self._pair[order[fired]]
+        by_run = run[fired] >= np.where(pair, cfg.pair_persist, cfg.persist)
+        by_s = s[fired] >= np.where(pair, 2 * cfg.cusum_h, cfg.cusum_h)
+        keep = (by_run | by_s) & ~np.isin(r.proc[order[fired]], self._known())
+        fired, by_run = fired[keep], by_run[keep]
         if not len(fired):
             return {}
         at_run = _onsets(r, order, started[fired], carried_run[grp[fired]])
-        at_cusum = _onsets(r, order, began[fired], carried_cusum[grp[fired]])
-        onset = np.where(by_run[fired, None], at_run, at_cusum)
+        at_cusum = _onsets(r, order, began_at(fired), carried_cusum[grp[fired]])
+        onset = np.where(by_run[:, None], at_run, at_cusum)
         return _first_fired(r, order[fired], np.ones(len(fired), bool), onset, [])
 
     def _rank_persistence(self, r: Recs, judged, hit) -> dict[int, tuple]:
         """Runs of consecutive hits per rank over its ops in time order."""
-        order = _time_order(r, np.flatnonzero(judged))
+        cfg = self.ctx.config
+        idx = np.flatnonzero(judged)
+        pair_ops = cfg.pair_persist_ops or np.iinfo(np.int64).max
+        keys = _time_keys(r, idx) if cfg.persist_ops > 0 and pair_ops > 0 else None
+        if keys is None:
+            return self._rank_persistence_sorted(r, idx, hit)
+        runs = _runs_at_hits(keys, r.proc[idx].astype(np.int64), hit[idx], self.prun, self.miss)
+        procs, last_hit, miss, h_rec, h_run, h_start = runs
+        h_rec = idx[h_rec]
+        h_start = np.where(h_start >= 0, idx[np.maximum(h_start, 0)], -1)
+        self.miss[procs] = miss
+        carried = self.prun_at.copy()
+        # a rank whose last op here is a hit carries its run into the next window
+        ends_hit = last_hit >= 0
+        run_last = np.zeros(len(procs), dtype=np.int64)
+        start_last = np.full(len(procs), -1, dtype=np.int64)
+        run_last[ends_hit] = h_run[last_hit[ends_hit]]
+        start_last[ends_hit] = h_start[last_hit[ends_hit]]
+        self.prun_at[procs] = np.where(
+            run_last[:, None] > 0, _onsets_at(r, start_last, carried[procs]), -1.0
+        )
+        self.prun[procs] = run_last
+        h_proc = r.proc[h_rec]
+        need = np.where(self._pair[h_rec], pair_ops, cfg.persist_ops)
+        fired = np.flatnonzero(h_run >= need)
+        fired = fired[~np.isin(h_proc[fired], self._known())]
+        if not len(fired):
+            return {}
+        onset = _onsets_at(r, h_start[fired], carried[h_proc[fired]])
+        return _first_fired(r, h_rec[fired], np.ones(len(fired), bool), onset, [])
+
+    def _rank_persistence_sorted(self, r: Recs, idx: np.ndarray, hit) -> dict[int, tuple]:
+        """_rank_persistence by a sort of the ops (when their keys do not fit 63 bits)."""
+        order = _time_order(r, idx)
         p = r.proc[order]
-        run, started = run_lengths(hit[order], p, self.prun)
-        last = _last(p)
-        miss, _ = run_lengths(~hit[order], p, self.miss)
-        self.miss[p[last]] = miss[last]
+        h = hit[order]
+        run, started = run_lengths(h, p, self.prun)
+        last, miss = trailing_misses(h, p, self.miss)
+        self.miss[p[last]] = miss
         carried = self.prun_at.copy()
         self.prun_at[p[last]] = np.where(
             run[last, None] > 0, _onsets(r, order, started[last], carried[p[last]]), -1.0
@@ -455,12 +632,11 @@ class StragglerDetector:
         if not known:
             return
         mine = np.isin(r.proc, known)
-        own = np.zeros(self.ctx.topo.n_procs)
-        np.add.at(own, r.proc[mine], r.d_gap[mine])
+        own = np.bincount(r.proc[mine], weights=r.d_gap[mine], minlength=self.ctx.topo.n_procs)
         for p in known:
             cul = self.ctx.culprits[(p, LOCAL)]
             cul.extra["own_ns"] = cul.extra.get("own_ns", 0.0) + float(own[p])
-        for i in np.flatnonzero(r.hit & np.isin(r.proc, known)).tolist():
+        for i in np.flatnonzero(r.hit & mine).tolist():
             cul = self.ctx.culprits[(int(r.proc[i]), LOCAL)]
             cul.hits += 1
             cul.extra["episodes"][-1]["hits"] += 1

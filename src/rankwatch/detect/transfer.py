@@ -23,7 +23,7 @@ from rankwatch.detect.base import Context, Culprit, Window
 from rankwatch.detect.cohorts import Cohorts
 from rankwatch.detect.grid import Grid
 from rankwatch.detect.report import costly, render
-from rankwatch.detect.robust import MAD_SCALE, run_lengths
+from rankwatch.detect.robust import MAD_SCALE, run_heads, run_lengths, run_tails, stable_order
 from rankwatch.detect.topology import FUNCS, RECV
 from rankwatch.model import Finding, Since
 
@@ -134,18 +134,24 @@ class TransferDetector:
         excess = np.full(len(t), np.nan)
         hit = np.zeros(len(t), dtype=bool)
         idx = np.flatnonzero(ok)
+        self._by_time = idx
         if not len(idx):
             return excess, hit
-        when = c.recs.gstart_c[c.inst_start[idx]]
-        idx = idx[np.lexsort((when, slot[idx], rows[idx]))]
+        # by (row, slot, start): a time sort, then a radix sort by (row, slot)
+        by_time = idx[np.argsort(c.recs.gstart_c[c.inst_start[idx]], kind="stable")]
+        key = rows[by_time] * g.width + slot[by_time]
+        idx = by_time[stable_order(key, int(key.max()) + 1)]
+        self._by_time = by_time  # reused by _runs
         rr, ss = rows[idx], slot[idx]
         flat = rr * g.width + ss
-        first = np.r_[True, flat[1:] != flat[:-1]]
+        first = run_heads(flat)
         start = np.maximum.accumulate(np.where(first, np.arange(len(flat)), 0))
-        k = g["nobs"][rr, ss] + np.arange(len(flat)) - start
+        nobs = g["nobs"].reshape(-1)  # a view: [row, slot] at row * width + slot
+        k = nobs[flat] + np.arange(len(flat)) - start
         learning = k < cfg.learn
         g["learn"][rr[learning], ss[learning], k[learning]] = t[idx][learning]
-        np.add.at(g["nobs"], (rr, ss), 1)
+        heads = np.flatnonzero(first)
+        nobs[flat[heads]] += np.diff(heads, append=len(flat))  # per (row, slot)
         ready = np.unique(flat[learning & (k == cfg.learn - 1)])
         if len(ready):
             rr0, ss0 = ready // g.width, ready % g.width
@@ -153,7 +159,7 @@ class TransferDetector:
             med = np.nanmedian(buf, axis=1)
             g["base"][rr0, ss0] = med
             g["sig"][rr0, ss0] = MAD_SCALE * np.nanmedian(np.abs(buf - med[:, None]), axis=1)
-        base, sig = g["base"][rr, ss], g["sig"][rr, ss]
+        base, sig = g["base"].reshape(-1)[flat], g["sig"].reshape(-1)[flat]
         sig = np.maximum(np.nan_to_num(sig), REL_SIGMA_FLOOR * np.nan_to_num(base))
         ex = t[idx] - base
         thr = np.maximum.reduce(
@@ -165,28 +171,39 @@ class TransferDetector:
 
     def _runs(self, c: Cohorts, rows, hit, ok, excess) -> bool:
         r = c.recs
-        idx = np.flatnonzero(ok)
-        first = c.inst_start[idx]
-        order = idx[np.lexsort((r.gstart_c[first], rows[idx]))]
+        by_time = self._by_time  # the ok instances by start (see _judge)
+        if len(by_time):
+            order = by_time[stable_order(rows[by_time], int(rows.max()) + 1)]
+        else:
+            order = by_time
         rw = rows[order]
         run, started = run_lengths(hit[order], rw, self.run)
         f = c.inst_start[order]
-        here = np.stack([r.seq[f], r.arrival_c[f], r.func[f], r.comm[f]], axis=1).astype(float)
-        start_rec = np.where(
-            (started >= 0)[:, None], here[np.maximum(started, 0)], self.run_start[rw]
-        )
-        last = np.flatnonzero(np.r_[rw[1:] != rw[:-1], True]) if len(rw) else rw
+
+        def start_rec(j: np.ndarray) -> np.ndarray:
+            """(seq, ns, func, comm) where the run at j began (this window or carried)."""
+            at = f[np.maximum(started[j], 0)]
+            here = np.stack([r.seq[at], r.arrival_c[at], r.func[at], r.comm[at]], axis=1)
+            return np.where((started[j] >= 0)[:, None], here.astype(float), self.run_start[rw[j]])
+
+        last = np.flatnonzero(run_tails(rw))
+        at_last = start_rec(last)  # before run_start is overwritten
+        h = np.flatnonzero(run)  # runs are 0 but at slow ops
+        need = self.ctx.config.xfer_persist
+        fire = h[run[h] >= need] if need > 0 else np.flatnonzero(run >= need)
+        at_fire = start_rec(fire)
         self.run[rw[last]] = run[last]
-        np.maximum.at(self.max_run, rw, run)
-        self.run_start[rw[last]] = np.where(run[last, None] > 0, start_rec[last], -1.0)
+        np.maximum.at(self.max_run, rw[h], run[h])
+        self.run_start[rw[last]] = np.where(run[last, None] > 0, at_last, -1.0)
         self.seen[rw] = True
         self.last_seq[rw[last]] = r.seq[f[last]]
-        self._remember(rw, run, r.seq[f], r.arrival_c[f], r.func[f], excess[order])
+        fh = f[h]
+        self._remember(rw[h], run[h], r.seq[fh], r.arrival_c[fh], r.func[fh], excess[order[h]])
         fired = False
-        for j in np.flatnonzero(run >= self.ctx.config.xfer_persist).tolist():
+        for k, j in enumerate(fire.tolist()):
             row = int(rw[j])
             if row not in self.slow:
-                seq, ns, func, comm = start_rec[j]
+                seq, ns, func, comm = at_fire[k]
                 self.slow[row] = {
                     "seq": int(seq),
                     "ns": float(ns),
