@@ -9,7 +9,7 @@ import pytest
 
 from rankwatch.align import align
 from rankwatch.errors import ConfigError
-from rankwatch.store import EngineSettings, ingest
+from rankwatch.store import EngineSettings, engine, ingest
 from rankwatch.store.engine import DEFAULT_MEMORY_LIMIT
 
 FINGERPRINT = (
@@ -65,3 +65,24 @@ def test_a_tight_memory_limit_gives_the_same_analysis(sim, tmp_path: Path) -> No
     ops = "SELECT count(*), sum(hash(host, pid, comm_key, func, seq, gpu_end_ns)) FROM ops"
     assert tight.con.execute(ops).fetchall() == roomy.con.execute(ops).fetchall()
     assert tight.con.execute(FINGERPRINT).fetchall() == roomy.con.execute(FINGERPRINT).fetchall()
+
+
+def test_compressing_the_store_changes_nothing_but_its_size(
+    sim, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given one job analysed as is, and once with its tables compressed at every step
+    directory = sim("plain")
+    plain = _analysed(directory, EngineSettings())
+    monkeypatch.setattr(engine, "COMPACT_FRACTION", 0.0)
+    packed = _analysed(directory, EngineSettings())
+
+    # Then the compressed store's ops are compressed, and the analysis is the same
+    def methods(run) -> set[str]:
+        rows = run.con.execute("SELECT DISTINCT compression FROM pragma_storage_info('ops')")
+        return {r[0] for r in rows.fetchall()}
+
+    assert methods(plain) == {"Uncompressed"}
+    assert methods(packed) - {"Uncompressed"}
+    ops = "SELECT count(*), sum(hash(host, pid, comm_key, func, seq, gpu_end_ns)) FROM ops"
+    assert packed.con.execute(ops).fetchall() == plain.con.execute(ops).fetchall()
+    assert packed.con.execute(FINGERPRINT).fetchall() == plain.con.execute(FINGERPRINT).fetchall()

@@ -17,6 +17,7 @@ QUERIES = {
     "clock_buckets": clock.BUCKET_SQL,
     "clock_detrended": clock.DETRENDED_SQL,
     "ops_aligned": collectives.OPS_ALIGNED_SQL,
+    "collective_ops": collectives.COLLECTIVE_OPS_SQL,
     "collectives": collectives.COLLECTIVES_SQL,
     "bandwidth": collectives.BANDWIDTH_SQL,
     "collective_ranks": collectives.COLLECTIVE_RANKS_SQL,

@@ -78,10 +78,12 @@ class ClockEstimate:
         return asdict(self)
 
 
+# multi: communicators on more than one host (min < max: no distinct count, which
+# would materialize its input).
 OBS_SQL = """
 CREATE OR REPLACE TEMP TABLE clock_obs AS
 WITH multi AS (
-    SELECT comm_key FROM ops WHERE kind = 'coll' GROUP BY comm_key HAVING count(DISTINCT host) > 1
+    SELECT comm_key FROM ops WHERE kind = 'coll' GROUP BY comm_key HAVING min(host) < max(host)
 )
 SELECT o.comm_key, o.func, o.seq, o.host,
        CAST(min(o.gpu_end_ns) - ? AS DOUBLE) AS min_end,

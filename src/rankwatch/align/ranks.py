@@ -14,14 +14,20 @@ from __future__ import annotations
 
 from rankwatch.model import Run
 
+# Processes and hosts per communicator are counted over (communicator, process)
+# groups, which is much cheaper than counting distinct values over every op.
 COMMUNICATORS_SQL = """
 CREATE OR REPLACE TABLE communicators AS
-WITH seen AS (
+WITH members AS (
+    SELECT comm_key, host, pid, max(comm_id) AS comm_id, max(comm_name) AS comm_name,
+           max(n_ranks) AS n_ranks, max(nnodes) AS nnodes, count(*) AS ops
+    FROM ops GROUP BY comm_key, host, pid
+), seen AS (
     SELECT comm_key, max(comm_id) AS comm_id, max(comm_name) AS comm_name,
            max(n_ranks) AS n_ranks, max(nnodes) AS nnodes,
-           count(DISTINCT host || ':' || CAST(pid AS VARCHAR)) AS processes,
-           count(DISTINCT host) AS hosts, count(*) AS ops
-    FROM ops GROUP BY comm_key
+           count(*) FILTER (WHERE host IS NOT NULL AND pid IS NOT NULL) AS processes,
+           count(DISTINCT host) AS hosts, CAST(sum(ops) AS BIGINT) AS ops
+    FROM members GROUP BY comm_key
 ), declared AS (
     SELECT '0x' || left(ltrim(lower(substr(comm_id, 3)), '0'), 14) AS comm_key,
            max(comm_id) AS comm_id, max(comm_name) AS comm_name, max(n_ranks) AS n_ranks,

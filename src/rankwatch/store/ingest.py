@@ -1,13 +1,16 @@
 """ingest(): record files in, a DuckDB store with flat tables out.
 
-1. find the files (discover.py); 2. load every line of every op file in one
-multi-threaded DuckDB scan, leniently (a damaged line becomes a row of kind
-'undecodable'); 3. per file, count rows that are not op records, lack key
-columns or come from a newer schema; 4. re-read only the files with any such
+1. find the files (discover.py); 2. read the op files of rankwatch records with
+the native reader (native.py: parsing threads, one streaming INSERT), which
+takes a file whole or not at all; 3. load every line of the other op files in
+one multi-threaded DuckDB scan, leniently (a damaged line becomes a row of kind
+'undecodable'); 4. per file, count rows that are not op records, lack key
+columns or come from a newer schema; 5. re-read only the files with any such
 row with the careful line reader, which reports each bad line once and loads
 the rest (a file whose only damage is a truncated last line is accepted as is,
-with that line reported); 5. state files the same way, checked against their
-line counts; 6. derive what Inspector records lack.
+with that line reported, by either reader); 6. state files with DuckDB's reader
+the same way, checked against their line counts; 7. derive what Inspector
+records lack. Both readers give the same tables (tests/analysis/test_native_reader.py).
 """
 
 from __future__ import annotations
@@ -21,9 +24,10 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from rankwatch.store import load
+from rankwatch.store import load, native
 from rankwatch.store.checks import check_op, check_state
 from rankwatch.store.discover import RecordFile
+from rankwatch.store.engine import compact
 from rankwatch.store.lines import clean_file, count_lines
 from rankwatch.store.problems import ProblemLog
 
@@ -94,14 +98,18 @@ def _careful(con: Any, rf: RecordFile, log: ProblemLog, tmpdir: str) -> None:
             )
             load.distribute_state(con, [], table="raw_state_careful")
     except Exception as exc:  # duckdb raises its own error classes; report, keep going
-        log.add(rf.path, None, "unreadable", f"could not load the file's good lines: {exc}")
+        # name the user's file, not the temporary copy of its good lines
+        why = str(exc).replace(clean.path, rf.path)
+        log.add(rf.path, None, "unreadable", f"could not load the file's good lines: {why}")
     finally:
         os.unlink(clean.path)
 
 
 def _load_op_files(con: Any, files: list[RecordFile]) -> dict[str, load.OpFileCounts]:
-    """Fast path over all op files; files of rankwatch records are read the lean way,
+    """DuckDB's reader over op files; files of rankwatch records are read the lean way,
     and read again in full if they turn out to hold Inspector records too."""
+    if not files:
+        return {}
     lean = [f.path for f in files if f.format == "rankwatch"]
     full = [f.path for f in files if f.format != "rankwatch"]
     load.load_ops(con, lean, lean=True)
@@ -117,16 +125,52 @@ def _load_op_files(con: Any, files: list[RecordFile]) -> dict[str, load.OpFileCo
     return per_file
 
 
-def ingest_ops(con: Any, files: list[RecordFile], log: ProblemLog, tmpdir: str) -> list[str]:
-    """Load op files; returns the paths that needed the careful reader."""
-    per_file = _load_op_files(con, files)
-    redo = [f for f in files if not _op_file_ok(f, per_file.get(f.path, load.OpFileCounts()), log)]
+def _load_native(con: Any, files: list[RecordFile], workers: int) -> dict[str, native.FileOutcome]:
+    """The native reader over the files of rankwatch records (see native.py); the
+    outcomes of the files it took whole, or whole but for a truncated last line.
+    Tables are compressed between rounds once they grow large (engine.compact)."""
+    mine = [f for f in files if f.format == "rankwatch"]
+    if not workers or not mine:
+        return {}
+    outcomes = native.load_files(con, mine, workers, between=lambda: compact(con))
+    taken = {}
+    for f in mine:
+        outcome = outcomes[f.path]
+        if outcome.clean or (outcome.truncated_candidate and _last_line_broken(f)):
+            taken[f.path] = outcome
+        elif outcome.rows and not outcome.reject:
+            load.delete_files(con, "ops", [f.path])  # it goes through DuckDB's reader
+    return taken
+
+
+def ingest_ops(
+    con: Any, files: list[RecordFile], log: ProblemLog, tmpdir: str, native_workers: int = 0
+) -> tuple[list[str], list[str]]:
+    """Load op files; returns the paths that needed the careful reader, and those the
+    native reader took.
+
+    native_workers > 0: files of rankwatch records go through the native reader
+    with that many parsing threads first; whatever it does not take whole goes
+    through DuckDB's reader as before. Problems are reported in file order either way."""
+    taken = _load_native(con, files, native_workers)
+    rest = [f for f in files if f.path not in taken]
+    per_file = _load_op_files(con, rest)
+    redo = []
+    for f in files:
+        outcome = taken.get(f.path)
+        if outcome is not None:
+            if outcome.truncated_candidate:
+                total, _ = count_lines(f)
+                log.add(f.path, total, "truncated", TRUNCATED)
+        elif not _op_file_ok(f, per_file.get(f.path, load.OpFileCounts()), log):
+            redo.append(f)
     load.delete_files(con, "ops", [f.path for f in redo])
     load.delete_files(con, "stats", [f.path for f in redo])
-    load.drop_non_ops(con)
+    if rest:
+        load.drop_non_ops(con)
     for f in redo:
         _careful(con, f, log, tmpdir)
-    return [f.path for f in redo]
+    return [f.path for f in redo], [f.path for f in files if f.path in taken]
 
 
 def ingest_state(con: Any, files: list[RecordFile], log: ProblemLog, tmpdir: str) -> list[str]:

@@ -42,11 +42,15 @@ def read_json_sql(paths: list[str], columns: dict[str, str], lenient: bool) -> s
     )
 
 
-def _op_projection(source: str, lean: bool) -> str:
+def op_projection(source: str, lean: bool, given: dict[str, str] | None = None) -> str:
+    """The SELECT list mapping the JSON columns (tables.op_json_columns) to ops;
+    `given`: ops columns whose value the source already has, by SQL expression."""
     parts = []
     for name, _, expr, lean_expr in OP_COLUMNS:
         if name == "source_file":
             expr = source
+        elif given and name in given:
+            expr = given[name]
         elif lean and lean_expr is not None:
             expr = lean_expr
         parts.append(f'{expr} AS "{name}"')
@@ -65,7 +69,7 @@ def load_ops(
     if not paths:
         return
     reader = read_json_sql(paths, op_json_columns(), lenient)
-    con.execute(f"INSERT INTO ops SELECT {_op_projection(source, lean)} FROM {reader}")
+    con.execute(f"INSERT INTO ops SELECT {op_projection(source, lean)} FROM {reader}")
 
 
 def drop_non_ops(con: Any) -> None:
@@ -184,12 +188,25 @@ def distribute_state(con: Any, exclude: list[str], table: str = "raw_state") -> 
 
 
 def insert_rows(con: Any, table: str, rows: list[dict[str, Any]]) -> None:
-    """Insert a few Python rows (dict per row) by column name."""
+    """Insert Python rows (dict per row) by column name, in one statement."""
     if not rows:
         return
+    import pyarrow as pa
+
     names = list(rows[0])
-    marks = ", ".join("?" for _ in names)
     cols = ", ".join(f'"{n}"' for n in names)
-    con.executemany(
-        f"INSERT INTO {table} ({cols}) VALUES ({marks})", [[r.get(n) for n in names] for r in rows]
-    )
+    try:
+        arrays = [pa.array([r.get(n) for r in rows]) for n in names]
+    except (pa.ArrowException, TypeError, OverflowError):  # mixed types: let DuckDB cast
+        marks = ", ".join("?" for _ in names)
+        con.executemany(
+            f"INSERT INTO {table} ({cols}) VALUES ({marks})",
+            [[r.get(n) for n in names] for r in rows],
+        )
+        return
+    batch = pa.Table.from_arrays(arrays, names=[f"c{i}" for i in range(len(names))])
+    con.register("rankwatch_rows", batch)
+    try:
+        con.execute(f"INSERT INTO {table} ({cols}) SELECT * FROM rankwatch_rows")
+    finally:
+        con.unregister("rankwatch_rows")

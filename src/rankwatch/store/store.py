@@ -14,7 +14,7 @@ from rankwatch.errors import ConfigError
 from rankwatch.model import BASE_TABLES, Problem, Run
 from rankwatch.store import tables
 from rankwatch.store.discover import RecordFile, Skipped, discover
-from rankwatch.store.engine import EngineSettings, configure
+from rankwatch.store.engine import EngineSettings, compact, configure, use_compressed_memory
 from rankwatch.store.ingest import (
     derive_inspector_fields,
     ingest_ops,
@@ -38,6 +38,7 @@ class Store:
     path: str | None = None
     careful_files: list[str] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)
+    native_files: list[str] = field(default_factory=list)  # read by the native reader
 
     def count(self, table: str) -> int:
         return int(self.con.execute(f"SELECT count(*) FROM {table}").fetchall()[0][0])
@@ -74,6 +75,8 @@ def _connect(store_path: str | None, settings: EngineSettings) -> tuple[Any, str
                 os.unlink(leftover)
     con = duckdb.connect(target or ":memory:")
     configure(con, settings)
+    if target is None:
+        use_compressed_memory(con)
     con.execute("SET preserve_insertion_order = false")
     con.execute("SET enable_progress_bar = true")  # progress is polled, not printed
     con.execute("SET enable_progress_bar_print = false")
@@ -161,12 +164,14 @@ def ingest(
             timed(timings, "ops"),
             reporter.step(f"reading {len(ops)} op record file(s)", _query_fraction(con)),
         ):
-            careful = ingest_ops(con, ops, log, tmpdir)
+            careful, native_files = ingest_ops(con, ops, log, tmpdir, settings.native_workers())
+            compact(con)
         with timed(timings, "state"), reporter.step(f"reading {len(state)} state file(s)"):
             careful += ingest_state(con, state, log, tmpdir)
     derive_inspector_fields(con)
     _record_files_table(con, files, log, careful)
+    compact(con)
     if store_str is not None:
         with timed(timings, "save"), reporter.step(f"saving the store to {store_str}"):
             con = save(con, store_str, tmp_db, settings)
-    return Store(con, files, skipped, log.problems(), store_str, careful, timings)
+    return Store(con, files, skipped, log.problems(), store_str, careful, timings, native_files)

@@ -27,22 +27,38 @@ DUMP_STATS_FIELDS = (
 )  # fmt: skip
 
 
-def _struct(fields: tuple[schema.Field, ...], extra: dict[str, str] | None = None) -> str:
-    parts = [f"{f.name} {SQL_TYPES[f.type]}" for f in fields if f.type in SQL_TYPES]
-    parts += [f"{name} {sql}" for name, sql in (extra or {}).items()]
-    return f"STRUCT({', '.join(parts)})"
+def _fields(fields: tuple[schema.Field, ...], extra: dict[str, str] | None = None):
+    out = [(f.name, SQL_TYPES[f.type]) for f in fields if f.type in SQL_TYPES]
+    return tuple(out + list((extra or {}).items()))
+
+
+# The objects of an op-record line whose scalar fields are read, in the order the
+# plugin writes them: (field, SQL type). Both readers (DuckDB's and the native
+# one, rankwatch.store.native) take their field types from here.
+OP_GROUP_FIELDS: dict[str, tuple[tuple[str, str], ...]] = {
+    "header": _fields(schema.HEADER),
+    "metadata": _fields(schema.METADATA),
+    "coll_perf": _fields(schema.COLL_PERF, _INSPECTOR_COLL_EXTRA),
+    "p2p_perf": _fields(schema.P2P_PERF),
+    "rankwatch": _fields(schema.RANKWATCH),
+}
+
+
+def _struct(fields: tuple[tuple[str, str], ...]) -> str:
+    return f"STRUCT({', '.join(f'{name} {sql}' for name, sql in fields)})"
 
 
 def op_json_columns() -> dict[str, str]:
     """Top-level keys of an op-record line and the DuckDB type each is read as."""
+    groups = {name: _struct(fields) for name, fields in OP_GROUP_FIELDS.items()}
     return {
-        "header": _struct(schema.HEADER),
-        "metadata": _struct(schema.METADATA),
-        "coll_perf": _struct(schema.COLL_PERF, _INSPECTOR_COLL_EXTRA),
-        "p2p_perf": _struct(schema.P2P_PERF),
+        "header": groups["header"],
+        "metadata": groups["metadata"],
+        "coll_perf": groups["coll_perf"],
+        "p2p_perf": groups["p2p_perf"],
         "event_trace_ts": _TRACE_TS,
         "event_trace_sn": "JSON",
-        "rankwatch": _struct(schema.RANKWATCH),
+        "rankwatch": groups["rankwatch"],
         "dump_stats": "STRUCT(" + ", ".join(f"{n} BIGINT" for n in DUMP_STATS_FIELDS) + ")",
         "proxy_trace": "JSON",
     }
@@ -200,6 +216,9 @@ STATE_TABLE_COLUMNS: dict[str, list[tuple[str, str]]] = {
 }
 STATE_KIND_OF_TABLE = {"comms": "comm", "progress": "progress", "clock": "clock", "stats": "stats"}
 
+# files.reader: "duckdb" when a bulk reader took the file whole (DuckDB's JSON reader
+# or the native one, see rankwatch.store.native), "python" when the careful
+# line-by-line reader read it (the file had bad lines).
 FILES_COLUMNS = (
     ("path", "VARCHAR"), ("role", "VARCHAR"), ("format", "VARCHAR"), ("bytes", "BIGINT"),
     ("records", "BIGINT"), ("bad_lines", "BIGINT"), ("reader", "VARCHAR"),

@@ -1,0 +1,1302 @@
+/* rwparse: see rwparse.h. A strict single-pass JSON tokenizer specialised for
+ * objects of typed fields: values of known fields go straight into columnar
+ * buffers, strings are interned, and everything else is validated and skipped.
+ */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE /* strtod_l, newlocale */
+#endif
+#include "rwparse.h"
+
+#include <errno.h>
+#include <locale.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MAX_TOP 32
+#define MAX_GROUPS 16
+#define MAX_FIELDS 64 /* per group: a 64-bit mask tracks which were seen */
+#define MAX_SLOTS 512
+#define MAX_NAME 128 /* names are shorter by 8: bytes_equal reads words */
+#define MAX_STRINGS (1 << 20)
+#define MAX_ARENA ((size_t)64 << 20)
+#define NUMBER_COPY 128 /* longest number handed to strtod */
+
+typedef struct {
+  char name[MAX_NAME]; /* the key, then '"' and ':' */
+  uint32_t len;        /* of the key alone */
+  char type;
+  int slot;
+  /* `"key":` as little-endian words, the last one masked: the expected next key
+   * is recognised with a few word compares */
+  uint64_t pattern[(MAX_NAME + 8) / 8];
+  uint64_t last_mask;
+  int words;
+} field_t;
+
+typedef struct {
+  char name[MAX_NAME];
+  uint32_t len;
+  int slot;
+  int nfields;
+  int16_t field_slot[MAX_FIELDS]; /* fields[i].slot, packed for the hot loops */
+  field_t fields[MAX_FIELDS];
+} group_t;
+
+typedef struct {
+  char name[MAX_NAME];
+  uint32_t len;
+  int group; /* index into groups, or -1 for a rejected key */
+} top_t;
+
+/* The layout of a line seen before: the constant text before each value (keys,
+ * punctuation, whole null groups) and the field each value belongs to. A line
+ * whose constant text matches is parsed value by value without looking at keys. */
+#define MAX_SPANS (MAX_GROUPS * MAX_FIELDS)
+#define MAX_TEMPLATES 4
+
+typedef struct {
+  uint32_t off, len; /* constant text in template_t.text */
+  int16_t group;     /* the value after it: group and field, or -1 after the last */
+  int16_t field;
+  int16_t slot; /* and the field's slot and type */
+  char type;
+} segment_t;
+
+typedef struct {
+  uint8_t *text; /* with 8 bytes of slack: compared a word at a time */
+  size_t cap;
+  int nseg;
+  uint32_t groups_present;
+  segment_t seg[MAX_SPANS + 1];
+} template_t;
+
+typedef struct {
+  const uint8_t *start, *end;
+  int16_t group, field;
+} span_t;
+
+struct rwp_parser {
+  top_t top[MAX_TOP];
+  int ntop;
+  group_t groups[MAX_GROUPS];
+  int ngroups;
+  int nslots;
+  char slot_type[MAX_SLOTS];
+  locale_t c_locale;
+
+  /* bound chunk */
+  int64_t cap, rows;
+  void *values[MAX_SLOTS];
+  uint8_t *valid[MAX_SLOTS];
+
+  /* current line */
+  uint64_t seen[MAX_GROUPS];  /* known keys met (duplicate check) */
+  uint64_t given[MAX_GROUPS]; /* known keys with a non-null value */
+  uint32_t top_seen;
+  uint32_t groups_present;
+
+  /* current file */
+  int64_t lines, flagged, unterminated;
+  int nflags;
+  int64_t flag_line[RWP_MAX_FLAGS];
+  int flag_code[RWP_MAX_FLAGS];
+
+  /* interned strings: arena + open-addressing table of codes */
+  char *arena;
+  size_t arena_len, arena_cap;
+  uint64_t *str_pos; /* plain << 63 | offset << 24 | length (< 16 MiB) */
+  int32_t nstr, str_cap;
+  int32_t *table; /* code + 1, 0 = empty */
+  uint32_t table_cap;
+  int32_t last_code[MAX_SLOTS];
+
+  /* strings with escapes are decoded here */
+  uint8_t *scratch;
+  size_t scratch_cap;
+
+  /* where the values of the line being parsed are, to make a template of it */
+  span_t spans[MAX_SPANS];
+  int nspans;
+  int spans_ok; /* every key of the line is known */
+  template_t templates[MAX_TEMPLATES];
+  int ntemplates, last_template, next_template;
+};
+
+/* ------------------------------------------------------------ character classes */
+
+/* Bytes that end the fast scan of a string: quote, backslash, control, non-ASCII. */
+static const uint8_t STRING_STOP[256] = {
+    1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1,
+    1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1,
+    0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+    0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+    0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+    0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0,
+    0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+    0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+    1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1,
+    1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1,
+    1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1,
+    1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1,
+    1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1,
+    1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1,
+    1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1,
+    1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1,
+};
+
+static inline int is_ws(uint8_t c) { return c == ' ' || c == '\t' || c == '\r' || c == '\n'; }
+static inline int is_digit(uint8_t c) { return c >= '0' && c <= '9'; }
+
+static inline const uint8_t *skip_ws(const uint8_t *s, const uint8_t *end) {
+  while (s < end && is_ws(*s)) s++;
+  return s;
+}
+
+static inline uint64_t load8(const uint8_t *s) {
+  uint64_t v;
+  memcpy(&v, s, 8);
+  return v; /* little-endian byte order is assumed below (x86-64, aarch64) */
+}
+
+#define ONES 0x0101010101010101ull
+#define HIGHS 0x8080808080808080ull
+
+/* High bit set in each byte of x that may end a string scan: the first set
+ * byte is exact ('"', '\\', a control character or a non-ASCII byte); bytes
+ * after it may be false positives, so only the lowest one is used. */
+static inline uint64_t string_stops(uint64_t x) {
+  uint64_t q = x ^ (ONES * '"'), b = x ^ (ONES * '\\');
+  uint64_t zq = (q - ONES) & ~q, zb = (b - ONES) & ~b;
+  uint64_t lt = (x - ONES * 0x20) & ~x;
+  return (zq | zb | lt | x) & HIGHS;
+}
+
+/* Whether the 8 bytes of x are all ASCII digits. */
+static inline int eight_digits(uint64_t x) {
+  return (((x & 0xF0F0F0F0F0F0F0F0ull) |
+           (((x + 0x0606060606060606ull) & 0xF0F0F0F0F0F0F0F0ull) >> 4)) ==
+          0x3333333333333333ull);
+}
+
+/* The value of 8 ASCII digits (first byte most significant). */
+static inline uint64_t eight_value(uint64_t x) {
+  x = (x & 0x0F0F0F0F0F0F0F0Full) * 2561 >> 8;
+  x = (x & 0x00FF00FF00FF00FFull) * 6553601 >> 16;
+  return (x & 0x0000FFFF0000FFFFull) * 42949672960001ull >> 32;
+}
+
+/* Whether the n bytes at a (inside [a, end)) equal those at b. */
+static inline int bytes_equal(const uint8_t *a, const uint8_t *end, const char *b, size_t n) {
+  while (n >= 8) {
+    uint64_t x, y;
+    memcpy(&x, a, 8);
+    memcpy(&y, b, 8);
+    if (x != y) return 0;
+    a += 8;
+    b += 8;
+    n -= 8;
+  }
+  if (n && end - a >= 8) {
+    /* b has 8 readable bytes here: names are zero-padded, the arena has slack */
+    uint64_t x, y;
+    memcpy(&x, a, 8);
+    memcpy(&y, b, 8);
+    return ((x ^ y) & (~0ull >> (64 - 8 * n))) == 0;
+  }
+  while (n--) {
+    if (*a++ != (uint8_t)*b++) return 0;
+  }
+  return 1;
+}
+
+/* Whether the text at s is `name` followed by its closing quote (names are plain
+ * ASCII, so equal bytes mean an equal, valid JSON string). */
+static inline int quoted_is(const uint8_t *s, const uint8_t *end, const char *name, size_t len) {
+  return (size_t)(end - s) > len && s[len] == '"' && bytes_equal(s, end, name, len);
+}
+
+/* Length of the valid UTF-8 sequence at s (lead byte >= 0x80), 0 if invalid. */
+static int utf8_len(const uint8_t *s, const uint8_t *end) {
+  uint8_t c = s[0];
+  ptrdiff_t avail = end - s;
+  if (c >= 0xC2 && c <= 0xDF) {
+    return (avail >= 2 && (s[1] & 0xC0) == 0x80) ? 2 : 0;
+  }
+  if (c >= 0xE0 && c <= 0xEF) {
+    if (avail < 3 || (s[1] & 0xC0) != 0x80 || (s[2] & 0xC0) != 0x80) return 0;
+    if (c == 0xE0 && s[1] < 0xA0) return 0; /* overlong */
+    if (c == 0xED && s[1] >= 0xA0) return 0; /* surrogate */
+    return 3;
+  }
+  if (c >= 0xF0 && c <= 0xF4) {
+    if (avail < 4 || (s[1] & 0xC0) != 0x80 || (s[2] & 0xC0) != 0x80 || (s[3] & 0xC0) != 0x80)
+      return 0;
+    if (c == 0xF0 && s[1] < 0x90) return 0; /* overlong */
+    if (c == 0xF4 && s[1] >= 0x90) return 0; /* above U+10FFFF */
+    return 4;
+  }
+  return 0;
+}
+
+static int hex4(const uint8_t *s, const uint8_t *end, uint32_t *out) {
+  if (end - s < 4) return 0;
+  uint32_t v = 0;
+  for (int i = 0; i < 4; i++) {
+    uint8_t c = s[i];
+    v <<= 4;
+    if (c >= '0' && c <= '9') v |= (uint32_t)(c - '0');
+    else if (c >= 'a' && c <= 'f') v |= (uint32_t)(c - 'a' + 10);
+    else if (c >= 'A' && c <= 'F') v |= (uint32_t)(c - 'A' + 10);
+    else return 0;
+  }
+  *out = v;
+  return 1;
+}
+
+/* ------------------------------------------------------------------- strings */
+
+/* Decode the rest of a string with escapes into the scratch buffer. `s` points
+ * at the first backslash; [start, s) is plain text already checked. */
+static int decode_escaped(rwp_parser *p, const uint8_t *start, const uint8_t **ps,
+                          const uint8_t *end, const uint8_t **out, size_t *outlen) {
+  size_t need = (size_t)(end - start);
+  if (need > p->scratch_cap) {
+    size_t cap = p->scratch_cap ? p->scratch_cap : 256;
+    while (cap < need) cap *= 2;
+    uint8_t *grown = realloc(p->scratch, cap);
+    if (!grown) return RWP_E_STRINGS;
+    p->scratch = grown;
+    p->scratch_cap = cap;
+  }
+  uint8_t *d = p->scratch;
+  memcpy(d, start, (size_t)(*ps - start));
+  d += *ps - start;
+  const uint8_t *s = *ps;
+  while (s < end) {
+    uint8_t c = *s;
+    if (c == '"') {
+      *out = p->scratch;
+      *outlen = (size_t)(d - p->scratch);
+      *ps = s + 1;
+      return RWP_OK;
+    }
+    if (c < 0x20) return RWP_E_ENCODING;
+    if (c >= 0x80) {
+      int n = utf8_len(s, end);
+      if (!n) return RWP_E_ENCODING;
+      memcpy(d, s, (size_t)n);
+      d += n;
+      s += n;
+      continue;
+    }
+    if (c != '\\') {
+      *d++ = c;
+      s++;
+      continue;
+    }
+    if (end - s < 2) return RWP_E_SYNTAX;
+    uint8_t e = s[1];
+    s += 2;
+    switch (e) {
+      case '"': *d++ = '"'; break;
+      case '\\': *d++ = '\\'; break;
+      case '/': *d++ = '/'; break;
+      case 'b': *d++ = '\b'; break;
+      case 'f': *d++ = '\f'; break;
+      case 'n': *d++ = '\n'; break;
+      case 'r': *d++ = '\r'; break;
+      case 't': *d++ = '\t'; break;
+      case 'u': {
+        uint32_t cp;
+        if (!hex4(s, end, &cp)) return RWP_E_ENCODING;
+        s += 4;
+        if (cp >= 0xDC00 && cp <= 0xDFFF) return RWP_E_ENCODING; /* lone low surrogate */
+        if (cp >= 0xD800 && cp <= 0xDBFF) {
+          uint32_t lo;
+          if (end - s < 6 || s[0] != '\\' || s[1] != 'u' || !hex4(s + 2, end, &lo) ||
+              lo < 0xDC00 || lo > 0xDFFF)
+            return RWP_E_ENCODING;
+          s += 6;
+          cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
+        }
+        /* an escape is at least 6 bytes and encodes to at most 4: d never passes s */
+        if (cp < 0x80) {
+          *d++ = (uint8_t)cp;
+        } else if (cp < 0x800) {
+          *d++ = (uint8_t)(0xC0 | (cp >> 6));
+          *d++ = (uint8_t)(0x80 | (cp & 0x3F));
+        } else if (cp < 0x10000) {
+          *d++ = (uint8_t)(0xE0 | (cp >> 12));
+          *d++ = (uint8_t)(0x80 | ((cp >> 6) & 0x3F));
+          *d++ = (uint8_t)(0x80 | (cp & 0x3F));
+        } else {
+          *d++ = (uint8_t)(0xF0 | (cp >> 18));
+          *d++ = (uint8_t)(0x80 | ((cp >> 12) & 0x3F));
+          *d++ = (uint8_t)(0x80 | ((cp >> 6) & 0x3F));
+          *d++ = (uint8_t)(0x80 | (cp & 0x3F));
+        }
+        break;
+      }
+      default:
+        return RWP_E_ENCODING;
+    }
+  }
+  return RWP_E_SYNTAX; /* unterminated */
+}
+
+/* A string whose opening quote is at (*ps)[-1]: its text (decoded when it has
+ * escapes) in out/outlen, and *ps just past the closing quote. */
+static inline int scan_string(rwp_parser *p, const uint8_t **ps, const uint8_t *end,
+                              const uint8_t **out, size_t *outlen) {
+  const uint8_t *start = *ps, *s = start;
+  for (;;) {
+    for (;;) {
+      if (end - s >= 8) {
+        uint64_t m = string_stops(load8(s));
+        if (m) {
+          s += __builtin_ctzll(m) >> 3;
+          break;
+        }
+        s += 8;
+      } else {
+        while (s < end && !STRING_STOP[*s]) s++;
+        break;
+      }
+    }
+    if (s >= end) return RWP_E_SYNTAX;
+    uint8_t c = *s;
+    if (c == '"') {
+      *out = start;
+      *outlen = (size_t)(s - start);
+      *ps = s + 1;
+      return RWP_OK;
+    }
+    if (c == '\\') {
+      *ps = s;
+      return decode_escaped(p, start, ps, end, out, outlen);
+    }
+    if (c < 0x20) return RWP_E_ENCODING;
+    int n = utf8_len(s, end);
+    if (!n) return RWP_E_ENCODING;
+    s += n;
+  }
+}
+
+static inline uint32_t hash_bytes(const uint8_t *s, size_t n) {
+  uint32_t h = 2166136261u;
+  for (size_t i = 0; i < n; i++) h = (h ^ s[i]) * 16777619u;
+  return h;
+}
+
+#define PLAIN_BIT (1ull << 63)
+
+static inline const char *str_at(const rwp_parser *p, int32_t code, size_t *len) {
+  uint64_t pos = p->str_pos[code];
+  *len = (size_t)(pos & 0xFFFFFF);
+  return p->arena + ((pos & ~PLAIN_BIT) >> 24);
+}
+
+/* A string is plain when its JSON text is its bytes (nothing needed escaping). */
+static int is_plain(const uint8_t *s, size_t n) {
+  for (size_t i = 0; i < n; i++) {
+    if (s[i] < 0x20 || s[i] == '"' || s[i] == '\\') return 0;
+  }
+  return 1;
+}
+
+static int grow_table(rwp_parser *p) {
+  uint32_t cap = p->table_cap ? p->table_cap * 2 : 256;
+  int32_t *table = calloc(cap, sizeof *table);
+  if (!table) return 0;
+  for (int32_t code = 0; code < p->nstr; code++) {
+    size_t len;
+    const char *s = str_at(p, code, &len);
+    uint32_t i = hash_bytes((const uint8_t *)s, len) & (cap - 1);
+    while (table[i]) i = (i + 1) & (cap - 1);
+    table[i] = code + 1;
+  }
+  free(p->table);
+  p->table = table;
+  p->table_cap = cap;
+  return 1;
+}
+
+/* The code of string s in this file's dictionary, adding it if new; -1 when full. */
+static int32_t intern(rwp_parser *p, int slot, const uint8_t *s, size_t n) {
+  int32_t last = p->last_code[slot];
+  if (last >= 0) {
+    size_t len;
+    const char *have = str_at(p, last, &len);
+    if (len == n && memcmp(have, s, n) == 0) return last;
+  }
+  if ((uint64_t)(p->nstr + 1) * 2 > p->table_cap && !grow_table(p)) return -1;
+  uint32_t mask = p->table_cap - 1, i = hash_bytes(s, n) & mask;
+  while (p->table[i]) {
+    int32_t code = p->table[i] - 1;
+    size_t len;
+    const char *have = str_at(p, code, &len);
+    if (len == n && memcmp(have, s, n) == 0) {
+      p->last_code[slot] = code;
+      return code;
+    }
+    i = (i + 1) & mask;
+  }
+  if (p->nstr >= MAX_STRINGS || n >= (1u << 24) || p->arena_len + n > MAX_ARENA) return -1;
+  if (p->nstr == p->str_cap) {
+    int32_t cap = p->str_cap ? p->str_cap * 2 : 256;
+    uint64_t *pos = realloc(p->str_pos, (size_t)cap * sizeof *pos);
+    if (!pos) return -1;
+    p->str_pos = pos;
+    p->str_cap = cap;
+  }
+  if (p->arena_len + n > p->arena_cap) {
+    size_t cap = p->arena_cap ? p->arena_cap : 4096;
+    while (cap < p->arena_len + n) cap *= 2;
+    char *arena = realloc(p->arena, cap + 8); /* slack: bytes_equal reads whole words */
+    if (!arena) return -1;
+    p->arena = arena;
+    p->arena_cap = cap;
+  }
+  if (n) memcpy(p->arena + p->arena_len, s, n);
+  p->str_pos[p->nstr] = ((uint64_t)p->arena_len << 24) | n | (is_plain(s, n) ? PLAIN_BIT : 0);
+  p->arena_len += n;
+  int32_t code = p->nstr++;
+  p->table[i] = code + 1;
+  p->last_code[slot] = code;
+  return code;
+}
+
+/* ------------------------------------------------------------------- numbers */
+
+static const double POW10[23] = {1e0,  1e1,  1e2,  1e3,  1e4,  1e5,  1e6,  1e7,
+                                 1e8,  1e9,  1e10, 1e11, 1e12, 1e13, 1e14, 1e15,
+                                 1e16, 1e17, 1e18, 1e19, 1e20, 1e21, 1e22};
+
+typedef struct {
+  int is_int;       /* no fraction, no exponent */
+  int neg;
+  uint64_t mant;    /* up to 19 significant digits */
+  int digits;       /* significant digits kept in mant */
+  int dropped;      /* significant digits that did not fit */
+  int64_t exp10;    /* value = mant * 10^exp10 (when dropped == 0) */
+  const uint8_t *start, *end;
+} number_t;
+
+/* Scan a JSON number at s (RFC 8259 grammar). */
+static int scan_number(const uint8_t **ps, const uint8_t *end, number_t *n) {
+  const uint8_t *s = *ps;
+  n->start = s;
+  n->neg = 0;
+  n->mant = 0;
+  n->digits = 0;
+  n->dropped = 0;
+  n->exp10 = 0;
+  n->is_int = 1;
+  if (s < end && *s == '-') {
+    n->neg = 1;
+    s++;
+  }
+  if (s >= end || !is_digit(*s)) return RWP_E_SYNTAX;
+  if (*s == '0') {
+    s++;
+    if (s < end && is_digit(*s)) return RWP_E_SYNTAX; /* leading zero */
+  } else {
+    /* the common case, a plain integer of up to 19 digits: 8 digits at a time */
+    while (n->digits <= 11 && end - s >= 8 && eight_digits(load8(s))) {
+      n->mant = n->mant * 100000000ull + eight_value(load8(s));
+      n->digits += 8;
+      s += 8;
+    }
+    while (s < end && is_digit(*s)) {
+      if (n->digits < 19) {
+        n->mant = n->mant * 10 + (uint64_t)(*s - '0');
+        n->digits++;
+      } else {
+        n->dropped++;
+        n->exp10++;
+      }
+      s++;
+    }
+  }
+  if (s < end && *s == '.') {
+    n->is_int = 0;
+    s++;
+    if (s >= end || !is_digit(*s)) return RWP_E_SYNTAX;
+    while (s < end && is_digit(*s)) {
+      if (n->digits < 19) {
+        n->mant = n->mant * 10 + (uint64_t)(*s - '0');
+        if (n->mant) n->digits++;
+        n->exp10--;
+      } else if (*s != '0') {
+        n->dropped++;
+      }
+      s++;
+    }
+  }
+  if (s < end && (*s == 'e' || *s == 'E')) {
+    n->is_int = 0;
+    s++;
+    int eneg = 0;
+    if (s < end && (*s == '+' || *s == '-')) eneg = *s++ == '-';
+    if (s >= end || !is_digit(*s)) return RWP_E_SYNTAX;
+    int64_t e = 0;
+    while (s < end && is_digit(*s)) {
+      if (e < 100000000) e = e * 10 + (*s - '0');
+      s++;
+    }
+    n->exp10 += eneg ? -e : e;
+  }
+  n->end = s;
+  *ps = s;
+  return RWP_OK;
+}
+
+/* The integer value of an integral number, or RWP_E_RANGE. Integers are exact
+ * here: the digit loop above keeps all 19 digits, and a 20th means overflow. */
+static int number_int(const number_t *n, int64_t *out) {
+  if (n->dropped) return RWP_E_RANGE;
+  if (n->neg) {
+    if (n->mant > (uint64_t)INT64_MAX + 1) return RWP_E_RANGE;
+    *out = n->mant == (uint64_t)INT64_MAX + 1 ? INT64_MIN : -(int64_t)n->mant;
+  } else {
+    if (n->mant > (uint64_t)INT64_MAX) return RWP_E_RANGE;
+    *out = (int64_t)n->mant;
+  }
+  return RWP_OK;
+}
+
+/* The double nearest to the number: exact arithmetic when the mantissa and the
+ * power of ten are exact doubles (one correctly rounded operation), else strtod
+ * in the C locale. Infinite results and underflow are out of range. */
+static int number_double(const rwp_parser *p, const number_t *n, double *out) {
+  if (!n->dropped && n->mant <= (1ull << 53) && n->exp10 >= -22 && n->exp10 <= 22) {
+    double v = (double)n->mant;
+    v = n->exp10 < 0 ? v / POW10[-n->exp10] : v * POW10[n->exp10];
+    *out = n->neg ? -v : v;
+    return RWP_OK;
+  }
+  char copy[NUMBER_COPY];
+  size_t len = (size_t)(n->end - n->start);
+  if (len >= sizeof copy) return RWP_E_RANGE;
+  memcpy(copy, n->start, len);
+  copy[len] = '\0';
+  errno = 0;
+  char *stop;
+  double v = strtod_l(copy, &stop, p->c_locale);
+  if (errno == ERANGE || stop != copy + len) return RWP_E_RANGE;
+  *out = v;
+  return RWP_OK;
+}
+
+/* High bit set in each byte of x that is not an ASCII digit (exact for the
+ * lowest such byte; only that one is used). */
+static inline uint64_t non_digits(uint64_t x) {
+  uint64_t below = (x - ONES * '0') & ~x; /* < '0' */
+  uint64_t above = x + ONES * (0x80 - ('9' + 1)); /* > '9' */
+  return (below | above | x) & HIGHS;
+}
+
+static const uint64_t POW10_U64[9] = {1, 10, 100, 1000, 10000, 100000, 1000000, 10000000,
+                                      100000000};
+
+/* The value of the first n (1..8) digits of the word x. Shifting the digits to
+ * the top leaves zero bytes in front, which read as leading zeros. */
+static inline uint64_t first_digits(uint64_t x, int n) {
+  return eight_value(x << (64 - 8 * n));
+}
+
+/* A non-negative integer of 1 to 19 digits without a leading zero that fits
+ * int64 and is not followed by a fraction or exponent: the common case, parsed
+ * a word at a time. Returns 0 (moving nothing) for anything else. */
+static inline int fast_int(const uint8_t **ps, const uint8_t *end, int64_t *out) {
+  const uint8_t *s = *ps;
+  if (end - s < 25 || *s == '0') return 0;
+  uint64_t w0 = load8(s), m = non_digits(w0), v;
+  int len;
+  if (m) {
+    len = __builtin_ctzll(m) >> 3;
+    if (len == 0) return 0;
+    v = first_digits(w0, len);
+  } else {
+    uint64_t w1 = load8(s + 8);
+    m = non_digits(w1);
+    if (m) {
+      int n1 = __builtin_ctzll(m) >> 3;
+      len = 8 + n1;
+      v = eight_value(w0) * POW10_U64[n1] + (n1 ? first_digits(w1, n1) : 0);
+    } else {
+      uint64_t w2 = load8(s + 16);
+      m = non_digits(w2);
+      int n2 = m ? __builtin_ctzll(m) >> 3 : 8;
+      if (n2 > 3) return 0; /* 20 digits or more */
+      len = 16 + n2;
+      v = (eight_value(w0) * 100000000ull + eight_value(w1)) * POW10_U64[n2] +
+          (n2 ? first_digits(w2, n2) : 0);
+      if (v > (uint64_t)INT64_MAX) return 0;
+    }
+  }
+  uint8_t next = s[len];
+  if (next == '.' || next == 'e' || next == 'E') return 0;
+  *ps = s + len;
+  *out = (int64_t)v;
+  return 1;
+}
+
+/* -------------------------------------------------------------- skip a value */
+
+static int skip_value(rwp_parser *p, const uint8_t **ps, const uint8_t *end, int depth);
+
+static int skip_container(rwp_parser *p, const uint8_t **ps, const uint8_t *end, int depth,
+                          uint8_t close) {
+  const uint8_t *s = skip_ws(*ps, end);
+  if (depth > RWP_MAX_DEPTH) return RWP_E_DEPTH;
+  if (s < end && *s == close) {
+    *ps = s + 1;
+    return RWP_OK;
+  }
+  for (;;) {
+    if (close == '}') {
+      if (s >= end || *s != '"') return RWP_E_SYNTAX;
+      s++;
+      const uint8_t *key;
+      size_t klen;
+      int rc = scan_string(p, &s, end, &key, &klen);
+      if (rc) return rc;
+      s = skip_ws(s, end);
+      if (s >= end || *s != ':') return RWP_E_SYNTAX;
+      s = skip_ws(s + 1, end);
+    }
+    int rc = skip_value(p, &s, end, depth);
+    if (rc) return rc;
+    s = skip_ws(s, end);
+    if (s >= end) return RWP_E_SYNTAX;
+    if (*s == ',') {
+      s = skip_ws(s + 1, end);
+      continue;
+    }
+    if (*s == close) {
+      *ps = s + 1;
+      return RWP_OK;
+    }
+    return RWP_E_SYNTAX;
+  }
+}
+
+static inline int literal(const uint8_t **ps, const uint8_t *end, const char *word, size_t n) {
+  if ((size_t)(end - *ps) < n) return RWP_E_SYNTAX;
+  uint32_t a, b;
+  memcpy(&a, *ps, 4);
+  memcpy(&b, word, 4);
+  if (a != b || (n == 5 && (*ps)[4] != (uint8_t)word[4])) return RWP_E_SYNTAX;
+  *ps += n;
+  return RWP_OK;
+}
+
+static int skip_value(rwp_parser *p, const uint8_t **ps, const uint8_t *end, int depth) {
+  const uint8_t *s = *ps;
+  if (s >= end) return RWP_E_SYNTAX;
+  int rc;
+  switch (*s) {
+    case '"': {
+      const uint8_t *text;
+      size_t len;
+      s++;
+      rc = scan_string(p, &s, end, &text, &len);
+      break;
+    }
+    case '{':
+      s++;
+      rc = skip_container(p, &s, end, depth + 1, '}');
+      break;
+    case '[':
+      s++;
+      rc = skip_container(p, &s, end, depth + 1, ']');
+      break;
+    case 't': rc = literal(&s, end, "true", 4); break;
+    case 'f': rc = literal(&s, end, "false", 5); break;
+    case 'n': rc = literal(&s, end, "null", 4); break;
+    default: {
+      number_t n;
+      rc = scan_number(&s, end, &n);
+    }
+  }
+  *ps = s;
+  return rc;
+}
+
+/* ------------------------------------------------------------- typed values */
+
+static inline void set_bit(uint8_t *bits, int64_t i) { bits[i >> 3] |= (uint8_t)(1u << (i & 7)); }
+static inline void clear_bit(uint8_t *bits, int64_t i) {
+  bits[i >> 3] &= (uint8_t)~(1u << (i & 7));
+}
+
+/* Parse the value of a known field; returns 1 in *given when it is not null. */
+static inline __attribute__((always_inline)) int field_value(rwp_parser *p, char type, int slot,
+                                                           const uint8_t **ps,
+                                                           const uint8_t *end, int *given) {
+  const uint8_t *s = *ps;
+  int64_t row = p->rows;
+  *given = 0;
+  if (s >= end) return RWP_E_SYNTAX;
+  if (*s == 'n') {
+    int rc = literal(ps, end, "null", 4);
+    return rc;
+  }
+  switch (type) {
+    case 'i':
+    case 'n': {
+      if (*s != '-' && !is_digit(*s)) return RWP_E_TYPE;
+      int64_t v;
+      if (!fast_int(&s, end, &v)) {
+        number_t n;
+        int rc = scan_number(&s, end, &n);
+        if (rc) return rc;
+        if (!n.is_int) return RWP_E_TYPE;
+        if ((rc = number_int(&n, &v))) return rc;
+      }
+      if (type == 'n' && (v < INT32_MIN || v > INT32_MAX)) return RWP_E_RANGE;
+      if (slot >= 0) ((int64_t *)p->values[slot])[row] = v;
+      break;
+    }
+    case 'f': {
+      if (*s != '-' && !is_digit(*s)) return RWP_E_TYPE;
+      number_t n;
+      int rc = scan_number(&s, end, &n);
+      if (rc) return rc;
+      double v;
+      if (n.is_int) {
+        int64_t iv;
+        if (number_int(&n, &iv) == RWP_OK) {
+          v = (double)iv;
+        } else if ((rc = number_double(p, &n, &v))) {
+          return rc;
+        }
+      } else if ((rc = number_double(p, &n, &v))) {
+        return rc;
+      }
+      if (slot >= 0) ((double *)p->values[slot])[row] = v;
+      break;
+    }
+    case 'b': {
+      int v;
+      if (*s == 't') {
+        if (literal(&s, end, "true", 4)) return RWP_E_SYNTAX;
+        v = 1;
+      } else if (*s == 'f') {
+        if (literal(&s, end, "false", 5)) return RWP_E_SYNTAX;
+        v = 0;
+      } else {
+        return RWP_E_TYPE;
+      }
+      if (slot >= 0) {
+        if (v) set_bit(p->values[slot], row);
+        else clear_bit(p->values[slot], row);
+      }
+      break;
+    }
+    case 's': {
+      if (*s != '"') return RWP_E_TYPE;
+      s++;
+      if (slot >= 0 && p->last_code[slot] >= 0) {
+        /* most records repeat the previous record's value: match its text */
+        int32_t last = p->last_code[slot];
+        size_t len;
+        const char *have = str_at(p, last, &len);
+        if ((p->str_pos[last] & PLAIN_BIT) && quoted_is(s, end, have, len)) {
+          ((int32_t *)p->values[slot])[row] = last;
+          s += len + 1;
+          break;
+        }
+      }
+      const uint8_t *text;
+      size_t len;
+      int rc = scan_string(p, &s, end, &text, &len);
+      if (rc) return rc;
+      if (slot >= 0) {
+        int32_t code = intern(p, slot, text, len);
+        if (code < 0) return RWP_E_STRINGS;
+        ((int32_t *)p->values[slot])[row] = code;
+      }
+      break;
+    }
+    default:
+      return RWP_E_TYPE;
+  }
+  *ps = s;
+  *given = 1;
+  return RWP_OK;
+}
+
+static inline int find_field(const group_t *g, int guess, const uint8_t *key, size_t len) {
+  if (guess < g->nfields && g->fields[guess].len == len &&
+      memcmp(g->fields[guess].name, key, len) == 0)
+    return guess;
+  for (int i = 0; i < g->nfields; i++) {
+    if (g->fields[i].len == len && memcmp(g->fields[i].name, key, len) == 0) return i;
+  }
+  return -1;
+}
+
+/* Whether the text at s starts with the field's `"key":` (needs 8 * words bytes). */
+static inline int key_at(const uint8_t *s, const uint8_t *end, const field_t *f) {
+  int n = f->words;
+  if (end - s < 8 * n) return 0;
+  uint64_t diff = 0;
+  for (int w = 0; w < n - 1; w++) diff |= load8(s + 8 * w) ^ f->pattern[w];
+  diff |= (load8(s + 8 * (n - 1)) ^ f->pattern[n - 1]) & f->last_mask;
+  return diff == 0;
+}
+
+/* The members of a group object; (*ps)[-1] is its '{'. */
+static int parse_group(rwp_parser *p, int gi, const uint8_t **ps, const uint8_t *end) {
+  group_t *g = &p->groups[gi];
+  const uint8_t *s = skip_ws(*ps, end);
+  int guess = 0;
+  if (s < end && *s == '}') {
+    *ps = s + 1;
+    return RWP_OK;
+  }
+  for (;;) {
+    int fi, rc;
+    if (guess < g->nfields && key_at(s, end, &g->fields[guess])) {
+      /* keys mostly come in the order the plugin writes them: the quotes, the
+       * key and the colon match the expected field's in one go */
+      fi = guess;
+      s += g->fields[guess].len + 3;
+    } else {
+      if (s >= end || *s != '"') return RWP_E_SYNTAX;
+      s++;
+      const uint8_t *key;
+      size_t klen;
+      if ((rc = scan_string(p, &s, end, &key, &klen))) return rc;
+      fi = find_field(g, guess, key, klen);
+      s = skip_ws(s, end);
+      if (s >= end || *s != ':') return RWP_E_SYNTAX;
+      s++;
+    }
+    s = skip_ws(s, end);
+    if (fi >= 0) {
+      uint64_t bit = 1ull << fi;
+      if (p->seen[gi] & bit) return RWP_E_DUPLICATE;
+      p->seen[gi] |= bit;
+      int given;
+      const uint8_t *value = s;
+      if ((rc = field_value(p, g->fields[fi].type, g->field_slot[fi], &s, end, &given))) return rc;
+      if (given) p->given[gi] |= bit;
+      guess = fi + 1;
+      if (p->nspans < MAX_SPANS) {
+        p->spans[p->nspans++] = (span_t){value, s, (int16_t)gi, (int16_t)fi};
+      } else {
+        p->spans_ok = 0;
+      }
+    } else {
+      p->spans_ok = 0;
+      if ((rc = skip_value(p, &s, end, 2))) return rc;
+    }
+    if (s < end && *s == ',') {
+      s++;
+      if (s < end && *s == '"') continue;
+      s = skip_ws(s, end);
+      continue;
+    }
+    s = skip_ws(s, end);
+    if (s >= end) return RWP_E_SYNTAX;
+    if (*s == ',') {
+      s = skip_ws(s + 1, end);
+      continue;
+    }
+    if (*s == '}') {
+      *ps = s + 1;
+      return RWP_OK;
+    }
+    return RWP_E_SYNTAX;
+  }
+}
+
+static int find_top(const rwp_parser *p, const uint8_t *key, size_t len) {
+  for (int i = 0; i < p->ntop; i++) {
+    if (p->top[i].len == len && memcmp(p->top[i].name, key, len) == 0) return i;
+  }
+  return -1;
+}
+
+/* One line [s, end) that is not blank. */
+static int parse_line(rwp_parser *p, const uint8_t *s, const uint8_t *end) {
+  memset(p->seen, 0, sizeof(uint64_t) * (size_t)p->ngroups);
+  memset(p->given, 0, sizeof(uint64_t) * (size_t)p->ngroups);
+  p->top_seen = 0;
+  p->groups_present = 0;
+  p->nspans = 0;
+  p->spans_ok = 1;
+  if (*s != '{') {
+    const uint8_t *v = s;
+    int rc = skip_value(p, &v, end, 0);
+    if (rc) return rc;
+    return skip_ws(v, end) == end ? RWP_E_NOT_OBJECT : RWP_E_SYNTAX;
+  }
+  s = skip_ws(s + 1, end);
+  if (s < end && *s == '}') {
+    s++;
+  } else {
+    for (;;) {
+      if (s >= end || *s != '"') return RWP_E_SYNTAX;
+      s++;
+      const uint8_t *key;
+      size_t klen;
+      int rc = scan_string(p, &s, end, &key, &klen);
+      if (rc) return rc;
+      s = skip_ws(s, end);
+      if (s >= end || *s != ':') return RWP_E_SYNTAX;
+      s = skip_ws(s + 1, end);
+      if (s >= end) return RWP_E_SYNTAX;
+      int ti = find_top(p, key, klen);
+      if (ti >= 0) {
+        if (p->top_seen & (1u << ti)) return RWP_E_DUPLICATE;
+        p->top_seen |= 1u << ti;
+        int gi = p->top[ti].group;
+        if (*s == 'n') {
+          if ((rc = literal(&s, end, "null", 4))) return rc;
+        } else if (gi < 0) {
+          return RWP_E_REJECTED;
+        } else if (*s == '{') {
+          s++;
+          if ((rc = parse_group(p, gi, &s, end))) return rc;
+          p->groups_present |= 1u << gi;
+        } else {
+          return RWP_E_TYPE;
+        }
+      } else {
+        p->spans_ok = 0;
+        if ((rc = skip_value(p, &s, end, 1))) return rc;
+      }
+      s = skip_ws(s, end);
+      if (s >= end) return RWP_E_SYNTAX;
+      if (*s == ',') {
+        s = skip_ws(s + 1, end);
+        continue;
+      }
+      if (*s == '}') {
+        s++;
+        break;
+      }
+      return RWP_E_SYNTAX;
+    }
+  }
+  return skip_ws(s, end) == end ? RWP_OK : RWP_E_SYNTAX;
+}
+
+/* The line was accepted: mark which slots of row `rows` have values. */
+static void commit_row(rwp_parser *p) {
+  int64_t row = p->rows;
+  for (int gi = 0; gi < p->ngroups; gi++) {
+    const group_t *g = &p->groups[gi];
+    if (!(p->groups_present & (1u << gi))) continue;
+    if (g->slot >= 0) set_bit(p->valid[g->slot], row);
+    uint64_t given = p->given[gi];
+    while (given) {
+      int fi = __builtin_ctzll(given);
+      given &= given - 1;
+      int slot = g->field_slot[fi];
+      if (slot >= 0) set_bit(p->valid[slot], row);
+    }
+  }
+  p->rows++;
+}
+
+static void flag(rwp_parser *p, int code) {
+  if (p->nflags < RWP_MAX_FLAGS) {
+    p->flag_line[p->nflags] = p->lines;
+    p->flag_code[p->nflags] = code;
+    p->nflags++;
+  }
+  p->flagged++;
+}
+
+/* Parse [s, end) by template t; 0 when the line does not follow it (nothing is
+ * committed then, and the line goes through parse_line). */
+static int parse_by_template(rwp_parser *p, const template_t *t, const uint8_t *s,
+                             const uint8_t *end) {
+  memset(p->given, 0, sizeof(uint64_t) * (size_t)p->ngroups);
+  for (int i = 0; i < t->nseg; i++) {
+    const segment_t *seg = &t->seg[i];
+    if ((size_t)(end - s) < seg->len ||
+        !bytes_equal(s, end, (const char *)t->text + seg->off, seg->len))
+      return 0;
+    s += seg->len;
+    if (seg->group < 0) break;
+    int given;
+    if (field_value(p, seg->type, seg->slot, &s, end, &given)) return 0;
+    if (given) p->given[seg->group] |= 1ull << seg->field;
+  }
+  if (skip_ws(s, end) != end) return 0;
+  p->groups_present = t->groups_present;
+  return 1;
+}
+
+/* Make a template of the line [s, end) just parsed (its spans are recorded). */
+static void remember_layout(rwp_parser *p, const uint8_t *s, const uint8_t *end) {
+  if (!p->spans_ok) return;
+  template_t *t = &p->templates[p->next_template];
+  size_t need = (size_t)(end - s) + 8;
+  if (need > t->cap) {
+    uint8_t *text = realloc(t->text, need);
+    if (!text) return;
+    t->text = text;
+    t->cap = need;
+  }
+  size_t used = 0;
+  const uint8_t *at = s;
+  int n = 0;
+  for (int i = 0; i <= p->nspans; i++) {
+    const uint8_t *stop = i < p->nspans ? p->spans[i].start : end;
+    size_t len = (size_t)(stop - at);
+    memcpy(t->text + used, at, len);
+    t->seg[n].off = (uint32_t)used;
+    t->seg[n].len = (uint32_t)len;
+    t->seg[n].group = i < p->nspans ? p->spans[i].group : -1;
+    t->seg[n].field = i < p->nspans ? p->spans[i].field : -1;
+    if (i < p->nspans) {
+      const field_t *f = &p->groups[p->spans[i].group].fields[p->spans[i].field];
+      t->seg[n].slot = (int16_t)f->slot;
+      t->seg[n].type = f->type;
+    }
+    used += len;
+    n++;
+    if (i < p->nspans) at = p->spans[i].end;
+  }
+  memset(t->text + used, 0, 8);
+  t->nseg = n;
+  t->groups_present = p->groups_present;
+  p->last_template = p->next_template;
+  p->next_template = (p->next_template + 1) % MAX_TEMPLATES;
+  if (p->ntemplates < MAX_TEMPLATES) p->ntemplates++;
+}
+
+static int parse_known_layout(rwp_parser *p, const uint8_t *s, const uint8_t *end) {
+  for (int k = 0; k < p->ntemplates; k++) {
+    int i = (p->last_template + k) % p->ntemplates;
+    if (parse_by_template(p, &p->templates[i], s, end)) {
+      p->last_template = i;
+      return 1;
+    }
+  }
+  return 0;
+}
+
+int64_t rwp_parse(rwp_parser *p, const char *buf, int64_t len, int final) {
+  const uint8_t *s = (const uint8_t *)buf, *end = s + (len > 0 ? len : 0);
+  if (!p->cap) return 0;
+  while (s < end && p->rows < p->cap) {
+    const uint8_t *nl = memchr(s, '\n', (size_t)(end - s));
+    const uint8_t *line_end = nl ? nl : end;
+    if (!nl && !final) break;
+    p->lines++;
+    if (!nl) p->unterminated = p->lines;
+    const uint8_t *first = skip_ws(s, line_end);
+    if (first < line_end) {
+      if (parse_known_layout(p, first, line_end)) {
+        commit_row(p);
+      } else {
+        int rc = parse_line(p, first, line_end);
+        if (rc == RWP_OK) {
+          commit_row(p);
+          remember_layout(p, first, line_end);
+        } else {
+          flag(p, rc);
+        }
+      }
+    }
+    s = nl ? nl + 1 : end;
+  }
+  return (int64_t)(s - (const uint8_t *)buf);
+}
+
+/* ---------------------------------------------------------------- set-up */
+
+static int read_word(const char **ps, char *out, size_t cap) {
+  const char *s = *ps;
+  while (*s == ' ' || *s == '\t') s++;
+  size_t n = 0;
+  while (*s && *s != ' ' && *s != '\t' && *s != '\n') {
+    if (n + 1 >= cap) return 0;
+    out[n++] = *s++;
+  }
+  out[n] = '\0';
+  *ps = s;
+  return n > 0;
+}
+
+static int parse_int_word(const char *w, int *out) {
+  char *stop;
+  long v = strtol(w, &stop, 10);
+  if (*stop || v < -1 || v >= MAX_SLOTS) return 0;
+  *out = (int)v;
+  return 1;
+}
+
+static int use_slot(rwp_parser *p, int slot, char type) {
+  if (slot < 0) return 1;
+  if (p->slot_type[slot]) return 0; /* each slot holds one column */
+  p->slot_type[slot] = type;
+  if (slot + 1 > p->nslots) p->nslots = slot + 1;
+  return 1;
+}
+
+static int spec_line(rwp_parser *p, const char **ps, char *err, int errlen) {
+  char verb[16], name[MAX_NAME - 8], name2[MAX_NAME - 8], type[4], slot_word[16];
+  int slot;
+  if (!read_word(ps, verb, sizeof verb)) return 1; /* empty line */
+  if (strcmp(verb, "group") == 0) {
+    if (!read_word(ps, name, sizeof name) || !read_word(ps, slot_word, sizeof slot_word) ||
+        !parse_int_word(slot_word, &slot))
+      goto bad;
+    if (p->ntop >= MAX_TOP || p->ngroups >= MAX_GROUPS || !use_slot(p, slot, 'g')) goto bad;
+    group_t *g = &p->groups[p->ngroups];
+    snprintf(g->name, sizeof g->name, "%s", name);
+    g->len = (uint32_t)strlen(name);
+    g->slot = slot;
+    top_t *t = &p->top[p->ntop++];
+    snprintf(t->name, sizeof t->name, "%s", name);
+    t->len = g->len;
+    t->group = p->ngroups++;
+    return 1;
+  }
+  if (strcmp(verb, "reject") == 0) {
+    if (!read_word(ps, name, sizeof name) || p->ntop >= MAX_TOP) goto bad;
+    top_t *t = &p->top[p->ntop++];
+    snprintf(t->name, sizeof t->name, "%s", name);
+    t->len = (uint32_t)strlen(name);
+    t->group = -1;
+    return 1;
+  }
+  if (strcmp(verb, "field") == 0) {
+    if (!read_word(ps, name, sizeof name) || !read_word(ps, name2, sizeof name2) ||
+        !read_word(ps, type, sizeof type) || !read_word(ps, slot_word, sizeof slot_word) ||
+        !parse_int_word(slot_word, &slot) || strlen(type) != 1 || !strchr("inbfs", type[0]))
+      goto bad;
+    int gi = -1;
+    for (int i = 0; i < p->ngroups; i++) {
+      if (strcmp(p->groups[i].name, name) == 0) gi = i;
+    }
+    if (gi < 0 || p->groups[gi].nfields >= MAX_FIELDS || !use_slot(p, slot, type[0])) goto bad;
+    field_t *f = &p->groups[gi].fields[p->groups[gi].nfields++];
+    snprintf(f->name, sizeof f->name, "%s\":", name2);
+    f->len = (uint32_t)strlen(name2);
+    size_t plen = f->len + 3; /* quote, key, quote, colon */
+    uint8_t text[MAX_NAME + 16] = {0};
+    text[0] = '"';
+    memcpy(text + 1, f->name, f->len + 2);
+    f->words = (int)((plen + 7) / 8);
+    for (int w = 0; w < f->words; w++) memcpy(&f->pattern[w], text + 8 * w, 8);
+    size_t rest = plen - 8 * (size_t)(f->words - 1);
+    f->last_mask = rest == 8 ? ~0ull : (1ull << (8 * rest)) - 1;
+    f->type = type[0];
+    f->slot = slot;
+    p->groups[gi].field_slot[p->groups[gi].nfields - 1] = (int16_t)slot;
+    return 1;
+  }
+bad:
+  snprintf(err, (size_t)errlen, "bad spec line starting with '%s'", verb);
+  return 0;
+}
+
+rwp_parser *rwp_new(const char *spec, char *err, int errlen) {
+  char dummy[1];
+  if (!err || errlen <= 0) {
+    err = dummy;
+    errlen = 1;
+  }
+  err[0] = '\0';
+  rwp_parser *p = calloc(1, sizeof *p);
+  if (!p) {
+    snprintf(err, (size_t)errlen, "out of memory");
+    return NULL;
+  }
+  p->c_locale = newlocale(LC_ALL_MASK, "C", (locale_t)0);
+  if (!p->c_locale) {
+    snprintf(err, (size_t)errlen, "no C locale");
+    free(p);
+    return NULL;
+  }
+  const char *s = spec ? spec : "";
+  while (*s) {
+    if (!spec_line(p, &s, err, errlen)) {
+      rwp_free(p);
+      return NULL;
+    }
+    while (*s && *s != '\n') s++;
+    if (*s == '\n') s++;
+  }
+  for (int i = 0; i < p->nslots; i++) {
+    if (!p->slot_type[i]) {
+      snprintf(err, (size_t)errlen, "slot %d is not used", i);
+      rwp_free(p);
+      return NULL;
+    }
+  }
+  rwp_reset(p);
+  return p;
+}
+
+void rwp_free(rwp_parser *p) {
+  if (!p) return;
+  if (p->c_locale) freelocale(p->c_locale);
+  free(p->arena);
+  free(p->str_pos);
+  free(p->table);
+  free(p->scratch);
+  for (int i = 0; i < MAX_TEMPLATES; i++) free(p->templates[i].text);
+  free(p);
+}
+
+void rwp_reset(rwp_parser *p) {
+  p->lines = p->flagged = p->unterminated = 0;
+  p->nflags = 0;
+  p->nstr = 0;
+  p->arena_len = 0;
+  if (p->table) memset(p->table, 0, p->table_cap * sizeof *p->table);
+  for (int i = 0; i < MAX_SLOTS; i++) p->last_code[i] = -1;
+  p->cap = p->rows = 0;
+  p->ntemplates = p->last_template = p->next_template = 0;
+}
+
+int rwp_slot_count(const rwp_parser *p) { return p->nslots; }
+
+int rwp_bind(rwp_parser *p, int64_t capacity, void *const *values, uint8_t *const *valid) {
+  if (capacity <= 0) return -1;
+  for (int i = 0; i < p->nslots; i++) {
+    if (!valid[i] || (p->slot_type[i] != 'g' && !values[i])) return -1;
+    p->values[i] = values[i];
+    p->valid[i] = valid[i];
+  }
+  p->cap = capacity;
+  p->rows = 0;
+  return 0;
+}
+
+int64_t rwp_rows(const rwp_parser *p) { return p->rows; }
+int64_t rwp_lines(const rwp_parser *p) { return p->lines; }
+int64_t rwp_flagged(const rwp_parser *p) { return p->flagged; }
+int64_t rwp_unterminated_line(const rwp_parser *p) { return p->unterminated; }
+int32_t rwp_string_count(const rwp_parser *p) { return p->nstr; }
+
+int rwp_flag(const rwp_parser *p, int i, int64_t *line, int *code) {
+  if (i < 0 || i >= p->nflags) return -1;
+  *line = p->flag_line[i];
+  *code = p->flag_code[i];
+  return 0;
+}
+
+const char *rwp_string(const rwp_parser *p, int32_t code, int64_t *len) {
+  if (code < 0 || code >= p->nstr) {
+    *len = 0;
+    return NULL;
+  }
+  size_t n;
+  const char *s = str_at(p, code, &n);
+  *len = (int64_t)n;
+  return s;
+}

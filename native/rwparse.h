@@ -1,0 +1,93 @@
+/* rwparse: a JSON-lines reader for rankwatch op records, filling columnar buffers.
+ *
+ * Every line must be one JSON object. Its top-level keys are either groups
+ * (objects whose known keys are typed fields), rejected keys (must be absent or
+ * null), or unknown (the value is checked as JSON and skipped, nested objects
+ * and arrays included). Keys may come in any order. Known fields are typed:
+ *
+ *   'i' int64, 'n' int64 that fits a 32-bit integer, 'f' double (a JSON int or
+ *   number), 'b' bool, 's' string (interned: the column holds int32 codes into
+ *   one dictionary per file).
+ *
+ * Any JSON value may be null. A line that is not valid JSON (RFC 8259, UTF-8),
+ * holds a wrongly typed known field, a number out of its field's range, a
+ * duplicate known key, a rejected key with a value, or nests deeper than
+ * RWP_MAX_DEPTH is *flagged*: it produces no row, and its line number and
+ * reason are kept (the first RWP_MAX_FLAGS of them; all are counted). Blank
+ * lines (only spaces, tabs, CR) are skipped.
+ *
+ * Output columns ("slots") are bound per chunk by the caller:
+ *   values[slot]: int64_t[cap] ('i', 'n'), double[cap] ('f'), a bitmap of
+ *                 ceil(cap/8) bytes ('b'), int32_t[cap] ('s'), unused for groups;
+ *   valid[slot]:  a zeroed bitmap of ceil(cap/8) bytes, bit i set when row i has
+ *                 a value (LSB first, as Apache Arrow's validity bitmaps).
+ * A group's slot only gets validity: set when the group is present and not null.
+ *
+ * Speed: a file's lines almost always share one layout (the same keys in the same
+ * order), so the parser remembers the constant text between the values of the
+ * last few accepted lines and reads a line that matches one value by value; a
+ * line that does not match goes through the full tokenizer, with the same result.
+ *
+ * The library is thread-compatible: one parser per thread. No global state.
+ */
+#ifndef RWPARSE_H
+#define RWPARSE_H
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define RWP_API __attribute__((visibility("default")))
+
+#define RWP_MAX_FLAGS 64
+#define RWP_MAX_DEPTH 64
+
+enum rwp_code {
+  RWP_OK = 0,
+  RWP_E_SYNTAX = 1,     /* not valid JSON */
+  RWP_E_TYPE = 2,       /* a known field or group has the wrong JSON type */
+  RWP_E_RANGE = 3,      /* a number does not fit its field */
+  RWP_E_DUPLICATE = 4,  /* a known key appears twice */
+  RWP_E_REJECTED = 5,   /* a rejected key has a value */
+  RWP_E_DEPTH = 6,      /* nested deeper than RWP_MAX_DEPTH */
+  RWP_E_ENCODING = 7,   /* invalid UTF-8, control character or bad escape in a string */
+  RWP_E_STRINGS = 8,    /* the file has too many distinct strings to intern */
+  RWP_E_NOT_OBJECT = 9, /* the line is not a JSON object */
+};
+
+typedef struct rwp_parser rwp_parser;
+
+/* A parser for the layout in `spec`: lines of
+ *     group <name> <slot>                      a top-level object (slot: validity)
+ *     reject <name>                            a top-level key that must be null
+ *     field <group> <name> <type> <slot>       a typed field (slot -1: check only)
+ * Returns NULL (with a message in err) when the spec is malformed. */
+RWP_API rwp_parser *rwp_new(const char *spec, char *err, int errlen);
+RWP_API void rwp_free(rwp_parser *p);
+/* Start a new file: line numbers, flags and the string dictionary restart. */
+RWP_API void rwp_reset(rwp_parser *p);
+RWP_API int rwp_slot_count(const rwp_parser *p);
+/* Bind the buffers of the next chunk (see above); 0 on success. */
+RWP_API int rwp_bind(rwp_parser *p, int64_t capacity, void *const *values, uint8_t *const *valid);
+/* Parse complete lines of buf until the chunk is full. Returns the bytes used:
+ * the start of the first line not parsed. With final != 0 a last line without
+ * a newline is parsed too; otherwise it is left for the next call. */
+RWP_API int64_t rwp_parse(rwp_parser *p, const char *buf, int64_t len, int final);
+RWP_API int64_t rwp_rows(const rwp_parser *p);            /* rows in the bound chunk */
+RWP_API int64_t rwp_lines(const rwp_parser *p);           /* lines seen in this file */
+RWP_API int64_t rwp_flagged(const rwp_parser *p);         /* lines flagged in this file */
+/* The i-th flagged line (i < min(flagged, RWP_MAX_FLAGS)): 0 on success. */
+RWP_API int rwp_flag(const rwp_parser *p, int i, int64_t *line, int *code);
+/* Line number of a last line parsed without a terminating newline, else 0. */
+RWP_API int64_t rwp_unterminated_line(const rwp_parser *p);
+RWP_API int32_t rwp_string_count(const rwp_parser *p);
+/* Bytes and length of interned string `code` (valid until rwp_reset/rwp_free). */
+RWP_API const char *rwp_string(const rwp_parser *p, int32_t code, int64_t *len);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* RWPARSE_H */

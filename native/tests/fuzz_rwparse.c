@@ -1,0 +1,278 @@
+/* Robustness harness for rwparse: random truncations, byte flips, insertions,
+ * deletions and splices of real record lines must never crash, read outside the
+ * buffer or hang. Meant to run under -fsanitize=address,undefined; every buffer
+ * handed to the parser is an exact-size heap allocation, so any over-read is
+ * caught. Counts are checked for consistency on every run.
+ *
+ * usage: fuzz_rwparse SPEC_FILE LINES_FILE ITERATIONS SEED
+ */
+#include "rwparse.h"
+
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static uint64_t rng_state;
+
+static uint64_t next_random(void) {
+  /* xorshift64* */
+  rng_state ^= rng_state >> 12;
+  rng_state ^= rng_state << 25;
+  rng_state ^= rng_state >> 27;
+  return rng_state * 2685821657736338717ull;
+}
+
+static size_t below(size_t n) { return n ? (size_t)(next_random() % n) : 0; }
+
+static char *read_file(const char *path, size_t *len) {
+  FILE *f = fopen(path, "rb");
+  if (!f) return NULL;
+  size_t cap = 1 << 16, n = 0;
+  char *buf = malloc(cap);
+  size_t got;
+  while (buf && (got = fread(buf + n, 1, cap - n, f)) > 0) {
+    n += got;
+    if (n == cap) {
+      char *grown = realloc(buf, cap *= 2);
+      if (!grown) {
+        free(buf);
+        buf = NULL;
+      }
+      buf = grown;
+    }
+  }
+  fclose(f);
+  *len = n;
+  return buf;
+}
+
+/* Bytes that stress a JSON tokenizer. */
+static const char INTERESTING[] = "{}[]\",:\\0123456789-+.eEtrufalsn \t\r\n/u";
+
+static uint8_t random_byte(void) {
+  switch (below(4)) {
+    case 0: return (uint8_t)INTERESTING[below(sizeof INTERESTING - 1)];
+    case 1: return (uint8_t)(0x80 + below(0x80)); /* non-ASCII, often invalid UTF-8 */
+    case 2: return (uint8_t)below(0x20);          /* control characters */
+    default: return (uint8_t)below(256);
+  }
+}
+
+typedef struct {
+  char **lines;
+  size_t *lens;
+  size_t n;
+} lines_t;
+
+static void split_lines(char *text, size_t len, lines_t *out) {
+  size_t cap = 64;
+  out->lines = malloc(cap * sizeof *out->lines);
+  out->lens = malloc(cap * sizeof *out->lens);
+  out->n = 0;
+  size_t start = 0;
+  for (size_t i = 0; i <= len; i++) {
+    if (i == len || text[i] == '\n') {
+      if (i > start) {
+        if (out->n == cap) {
+          cap *= 2;
+          out->lines = realloc(out->lines, cap * sizeof *out->lines);
+          out->lens = realloc(out->lens, cap * sizeof *out->lens);
+        }
+        out->lines[out->n] = text + start;
+        out->lens[out->n] = i - start;
+        out->n++;
+      }
+      start = i + 1;
+    }
+  }
+}
+
+/* One mutated buffer of 1..4 lines; returns its length (the buffer is exact). */
+static uint8_t *mutated(const lines_t *seed, size_t *len) {
+  size_t cap = 0, n = 0;
+  int nlines = 1 + (int)below(4);
+  for (int i = 0; i < nlines; i++) cap += seed->lens[below(seed->n)] + 64;
+  cap = cap * 2 + 64;
+  uint8_t *tmp = malloc(cap);
+  for (int i = 0; i < nlines; i++) {
+    size_t k = below(seed->n);
+    memcpy(tmp + n, seed->lines[k], seed->lens[k]);
+    n += seed->lens[k];
+    if (i + 1 < nlines || below(2)) tmp[n++] = '\n';
+  }
+  int edits = 1 + (int)below(6);
+  for (int e = 0; e < edits && n > 0; e++) {
+    size_t at = below(n);
+    switch (below(6)) {
+      case 0: /* flip a byte */
+        tmp[at] = random_byte();
+        break;
+      case 1: /* insert a byte */
+        if (n + 1 < cap) {
+          memmove(tmp + at + 1, tmp + at, n - at);
+          tmp[at] = random_byte();
+          n++;
+        }
+        break;
+      case 2: { /* delete a range */
+        size_t k = below(16) + 1;
+        if (at + k > n) k = n - at;
+        memmove(tmp + at, tmp + at + k, n - at - k);
+        n -= k;
+        break;
+      }
+      case 3: /* truncate */
+        n = at;
+        break;
+      case 4: { /* duplicate a range somewhere else */
+        size_t k = below(32) + 1, to = below(n);
+        if (at + k > n) k = n - at;
+        if (n + k < cap) {
+          memmove(tmp + to + k, tmp + to, n - to);
+          memmove(tmp + to, tmp + (at < to ? at : at + k), k);
+          n += k;
+        }
+        break;
+      }
+      default: /* deep nesting */
+        if (n + 200 < cap) {
+          memmove(tmp + at + 100, tmp + at, n - at);
+          memset(tmp + at, below(2) ? '[' : '{', 100);
+          n += 100;
+        }
+    }
+  }
+  uint8_t *exact = malloc(n ? n : 1);
+  memcpy(exact, tmp, n);
+  free(tmp);
+  *len = n;
+  return exact;
+}
+
+typedef struct {
+  void *values[512];
+  uint8_t *valid[512];
+  int slots;
+  int64_t cap;
+} chunk_t;
+
+static void chunk_alloc(chunk_t *c, int slots, int64_t cap) {
+  c->slots = slots;
+  c->cap = cap;
+  for (int i = 0; i < slots; i++) {
+    c->values[i] = calloc((size_t)cap, 8);
+    c->valid[i] = calloc((size_t)(cap + 7) / 8, 1);
+  }
+}
+
+static void chunk_free(chunk_t *c) {
+  for (int i = 0; i < c->slots; i++) {
+    free(c->values[i]);
+    free(c->valid[i]);
+  }
+}
+
+static int check(int cond, const char *what, uint64_t iteration) {
+  if (!cond) fprintf(stderr, "iteration %llu: %s\n", (unsigned long long)iteration, what);
+  return cond;
+}
+
+int main(int argc, char **argv) {
+  if (argc != 5) {
+    fprintf(stderr, "usage: %s SPEC LINES ITERATIONS SEED\n", argv[0]);
+    return 2;
+  }
+  size_t spec_len, text_len;
+  char *spec = read_file(argv[1], &spec_len);
+  char *text = read_file(argv[2], &text_len);
+  if (!spec || !text) {
+    fprintf(stderr, "cannot read inputs\n");
+    return 2;
+  }
+  char *spec_z = malloc(spec_len + 1);
+  memcpy(spec_z, spec, spec_len);
+  spec_z[spec_len] = '\0';
+  lines_t seed;
+  split_lines(text, text_len, &seed);
+  if (!seed.n) {
+    fprintf(stderr, "no seed lines\n");
+    return 2;
+  }
+  uint64_t iterations = strtoull(argv[3], NULL, 10);
+  rng_state = strtoull(argv[4], NULL, 10) * 2 + 1;
+
+  char err[256];
+  rwp_parser *p = rwp_new(spec_z, err, sizeof err);
+  if (!p) {
+    fprintf(stderr, "spec: %s\n", err);
+    return 2;
+  }
+  int slots = rwp_slot_count(p);
+  int ok = 1;
+  uint64_t accepted = 0, flagged = 0;
+  for (uint64_t it = 0; it < iterations && ok; it++) {
+    size_t len;
+    uint8_t *buf = mutated(&seed, &len);
+    chunk_t chunk;
+    int64_t cap = 1 + (int64_t)below(4);
+    chunk_alloc(&chunk, slots, cap);
+    rwp_reset(p);
+    /* parse in two pieces (the first without `final`), binding fresh chunks as they fill */
+    size_t cut = below(len + 1), pos = 0;
+    int64_t rows = 0;
+    for (int piece = 0; piece < 2 && ok; piece++) {
+      size_t stop = piece == 0 ? cut : len;
+      int final = piece == 1;
+      for (int guard = 0; guard < 1000000; guard++) {
+        if (rwp_bind(p, chunk.cap, chunk.values, chunk.valid) != 0) {
+          ok = check(0, "rwp_bind failed", it);
+          break;
+        }
+        /* an exact copy of the rest, so reads past it are caught */
+        size_t left = stop - pos;
+        uint8_t *rest = malloc(left ? left : 1);
+        memcpy(rest, buf + pos, left);
+        int64_t used = rwp_parse(p, (const char *)rest, (int64_t)left, final);
+        free(rest);
+        ok = ok && check(used >= 0 && (size_t)used <= left, "bytes used out of range", it);
+        int64_t got = rwp_rows(p);
+        ok = ok && check(got >= 0 && got <= chunk.cap, "rows out of range", it);
+        rows += got;
+        pos += (size_t)used;
+        for (int32_t code = 0; code < rwp_string_count(p); code++) {
+          int64_t n;
+          const char *s = rwp_string(p, code, &n);
+          ok = ok && check(s != NULL && n >= 0, "bad string", it);
+        }
+        if (got < chunk.cap) break; /* the rest needs more data (or there is none) */
+        for (int i = 0; i < slots; i++) memset(chunk.valid[i], 0, (size_t)(chunk.cap + 7) / 8);
+      }
+    }
+    ok = ok && check(pos == len, "final parse left bytes", it);
+    int64_t lines = rwp_lines(p), bad = rwp_flagged(p);
+    ok = ok && check(rows + bad <= lines, "more rows and flags than lines", it);
+    for (int i = 0; i < (bad < RWP_MAX_FLAGS ? bad : RWP_MAX_FLAGS); i++) {
+      int64_t line;
+      int code;
+      ok = ok && check(rwp_flag(p, i, &line, &code) == 0 && line >= 1 && line <= lines &&
+                           code > 0 && code <= RWP_E_NOT_OBJECT,
+                       "bad flag", it);
+    }
+    accepted += (uint64_t)rows;
+    flagged += (uint64_t)bad;
+    chunk_free(&chunk);
+    free(buf);
+  }
+  rwp_free(p);
+  free(seed.lines);
+  free(seed.lens);
+  free(text);
+  free(spec);
+  free(spec_z);
+  if (!ok) return 1;
+  printf("ok: %llu iterations, %llu rows accepted, %llu lines flagged\n",
+         (unsigned long long)iterations, (unsigned long long)accepted,
+         (unsigned long long)flagged);
+  return 0;
+}

@@ -1,0 +1,725 @@
+"""The native reader of op-record files: librankwatch-rwparse (native/), loaded
+with ctypes, turns lines of rankwatch records into Arrow chunks that DuckDB
+appends to `ops` with the same SQL projection as its own JSON reader.
+
+The library is a strict JSON tokenizer for the op-record layout: keys in any
+order, unknown keys (nested values too) skipped, nulls, escapes, numbers as
+int or float. It fills one typed column per field the ops table needs, interns
+strings into a small per-file dictionary (Arrow dictionary arrays, no Python
+object per record), and flags every line it cannot take as it is: invalid
+JSON, a wrongly typed or out-of-range field, a duplicate key, Inspector-only
+objects. A file with any flagged line, or with a record the DuckDB reader
+would not count as a clean op (a missing key column, a newer schema, a record
+without the `rankwatch` object), is handed back whole to the DuckDB path (and
+from there, as before, to the careful line reader that reports each bad line),
+so both paths give identical tables. The one exception is a truncated last
+line, which both accept with the same problem report.
+
+Only files of rankwatch records (RecordFile.format == "rankwatch") are read
+here; Inspector files keep going through DuckDB's reader. Without the library
+(a source checkout that was never built) everything goes through DuckDB.
+RANKWATCH_NATIVE=0 (rankwatch.store.engine) uses the DuckDB path on purpose.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import gzip
+import mmap
+import os
+import pathlib
+import queue
+import re
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from importlib import resources
+from typing import Any
+
+import numpy as np
+
+from rankwatch import schema
+from rankwatch.store.discover import RecordFile
+from rankwatch.store.tables import OP_COLUMNS, OP_GROUP_FIELDS, op_json_columns
+
+LIB_FILENAME = "librankwatch-rwparse.so"
+CHUNK_ROWS = 1 << 15  # rows per Arrow batch: about 12 MB of column buffers
+ROUND_ROWS = 1 << 19  # rows per INSERT statement (see load_files)
+GZIP_BLOCK = 1 << 23
+MAX_FLAGS = 64  # RWP_MAX_FLAGS
+
+# rwparse.h's enum rwp_code
+FLAG_NAMES = {
+    1: "syntax",
+    2: "type",
+    3: "range",
+    4: "duplicate",
+    5: "rejected",
+    6: "depth",
+    7: "encoding",
+    8: "strings",
+    9: "not_object",
+}
+
+_SQL_TO_CODE = {"BIGINT": "i", "DOUBLE": "f", "VARCHAR": "s", "BOOLEAN": "b"}
+
+
+# ------------------------------------------------------------------ library
+
+
+def _library_candidates() -> Iterator[pathlib.Path]:
+    yield pathlib.Path(str(resources.files("rankwatch").joinpath("_lib", LIB_FILENAME)))
+    # Editable installs import the sources from the checkout while CMake installs
+    # the library into site-packages; the distribution's RECORD says where.
+    from importlib import metadata
+
+    from rankwatch import __version__
+
+    try:
+        dist = metadata.distribution("rankwatch")
+    except metadata.PackageNotFoundError:
+        return
+    if dist.version != __version__:
+        return
+    for file in dist.files or ():
+        if file.name == LIB_FILENAME:
+            yield pathlib.Path(str(file.locate()))
+
+
+_lib_lock = threading.Lock()
+_lib: Any = None
+_lib_tried = False
+
+
+def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
+    c_p = ctypes.c_void_p
+    i64 = ctypes.c_int64
+    sigs = {
+        "rwp_new": (c_p, [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_int]),
+        "rwp_free": (None, [c_p]),
+        "rwp_reset": (None, [c_p]),
+        "rwp_slot_count": (ctypes.c_int, [c_p]),
+        "rwp_bind": (ctypes.c_int, [c_p, i64, c_p, c_p]),
+        "rwp_parse": (i64, [c_p, c_p, i64, ctypes.c_int]),
+        "rwp_rows": (i64, [c_p]),
+        "rwp_lines": (i64, [c_p]),
+        "rwp_flagged": (i64, [c_p]),
+        "rwp_flag": (ctypes.c_int, [c_p, ctypes.c_int, ctypes.POINTER(i64),
+                                    ctypes.POINTER(ctypes.c_int)]),
+        "rwp_unterminated_line": (i64, [c_p]),
+        "rwp_string_count": (ctypes.c_int32, [c_p]),
+        "rwp_string": (c_p, [c_p, ctypes.c_int32, ctypes.POINTER(i64)]),
+    }  # fmt: skip
+    for name, (restype, argtypes) in sigs.items():
+        fn = getattr(lib, name)
+        fn.restype = restype
+        fn.argtypes = argtypes
+    return lib
+
+
+def load_library() -> ctypes.CDLL | None:
+    """The native reader library, or None when this installation has none."""
+    global _lib, _lib_tried
+    with _lib_lock:
+        if not _lib_tried:
+            _lib_tried = True
+            for path in _library_candidates():
+                if path.is_file():
+                    try:
+                        _lib = _bind(ctypes.CDLL(str(path)))
+                        break
+                    except (OSError, AttributeError):
+                        continue
+        return _lib
+
+
+def available() -> bool:
+    """Whether this installation has the native reader library."""
+    return load_library() is not None
+
+
+# --------------------------------------------------------------------- layout
+
+
+@dataclass(frozen=True)
+class Column:
+    """One output column: the field group.name, its type code and slot."""
+
+    group: str
+    name: str
+    code: str  # i, n, f, b, s (see rwparse.h)
+    slot: int
+
+
+@dataclass(frozen=True, eq=False)  # hashed by identity: cached per layout
+class Layout:
+    """What the native reader extracts, and the Arrow struct types it yields."""
+
+    spec: bytes
+    group_slots: dict[str, int]
+    columns: tuple[Column, ...]
+    slot_codes: tuple[str, ...]
+
+    @property
+    def slots(self) -> int:
+        return len(self.slot_codes)
+
+
+_FIELD_REF = re.compile(r"\b(header|metadata|coll_perf|p2p_perf|rankwatch)\.(\w+)")
+
+
+def lean_projection_fields() -> dict[tuple[str, str], bool]:
+    """Fields the lean projection of tables.OP_COLUMNS reads: (group, name) ->
+    whether it feeds an INTEGER column (so must fit 32 bits)."""
+    used: dict[tuple[str, str], bool] = {}
+    for _, sql_type, expr, lean_expr in OP_COLUMNS:
+        for group, name in _FIELD_REF.findall(lean_expr or expr):
+            used[(group, name)] = used.get((group, name), False) or sql_type == "INTEGER"
+    return used
+
+
+def build_layout() -> Layout:
+    """The spec for rwp_new: every declared field of every op-record group is
+    type-checked; the ones the lean projection reads get an output slot."""
+    used = lean_projection_fields()
+    lines: list[str] = []
+    group_slots: dict[str, int] = {}
+    columns: list[Column] = []
+    codes: list[str] = []
+    for group in OP_GROUP_FIELDS:
+        group_slots[group] = len(codes)
+        codes.append("g")
+        lines.append(f"group {group} {group_slots[group]}")
+    for key in op_json_columns():
+        if key not in OP_GROUP_FIELDS:
+            lines.append(f"reject {key}")
+    for group, fields in OP_GROUP_FIELDS.items():
+        for name, sql_type in fields:
+            code = _SQL_TO_CODE[sql_type]
+            narrow = used.get((group, name))
+            if narrow and code == "i":
+                code = "n"
+            slot = -1
+            if narrow is not None:
+                slot = len(codes)
+                codes.append(code)
+                columns.append(Column(group, name, code, slot))
+            lines.append(f"field {group} {name} {code} {slot}")
+    missing = set(used) - {(c.group, c.name) for c in columns}
+    if missing:
+        raise RuntimeError(f"lean projection reads undeclared fields: {sorted(missing)}")
+    return Layout(("\n".join(lines) + "\n").encode(), group_slots, tuple(columns), tuple(codes))
+
+
+# --------------------------------------------------------------------- chunks
+
+
+@dataclass
+class Chunk:
+    """Buffers of one chunk, as the library fills them."""
+
+    rows: int
+    values: list[np.ndarray | None]
+    valid: list[np.ndarray]
+
+
+def _bitmap(rows: int) -> np.ndarray:
+    return np.zeros((rows + 7) // 8, dtype=np.uint8)
+
+
+def _new_chunk(layout: Layout, rows: int) -> Chunk:
+    values: list[np.ndarray | None] = []
+    for code in layout.slot_codes:
+        if code in "in":
+            values.append(np.empty(rows, dtype=np.int64))
+        elif code == "f":
+            values.append(np.empty(rows, dtype=np.float64))
+        elif code == "s":
+            values.append(np.empty(rows, dtype=np.int32))
+        elif code == "b":
+            values.append(_bitmap(rows))
+        else:
+            values.append(None)
+    return Chunk(0, values, [_bitmap(rows) for _ in layout.slot_codes])
+
+
+def all_set(bits: np.ndarray, rows: int) -> bool:
+    """Whether the first `rows` bits of an LSB-first bitmap are all set."""
+    full, rest = divmod(rows, 8)
+    if full and not bool(np.all(bits[:full] == 0xFF)):
+        return False
+    return not rest or (int(bits[full]) & ((1 << rest) - 1)) == (1 << rest) - 1
+
+
+def unpack(bits: np.ndarray, rows: int) -> np.ndarray:
+    return np.unpackbits(bits, bitorder="little", count=rows).astype(bool)
+
+
+@dataclass
+class FileOutcome:
+    """How the native reader did on one file."""
+
+    rows: int = 0
+    lines: int = 0
+    flagged: list[tuple[int, str]] = field(default_factory=list)  # (line, reason), first few
+    flagged_total: int = 0
+    unterminated: int = 0  # line number of a last line without newline, 0 if none
+    reject: str = ""  # why the file must go through the DuckDB path; "" when it need not
+
+    @property
+    def truncated_candidate(self) -> bool:
+        """The only flagged line is a last line without newline (maybe truncated)."""
+        return (
+            not self.reject
+            and self.flagged_total == 1
+            and self.unterminated > 0
+            and self.flagged[0][0] == self.unterminated
+        )
+
+    @property
+    def clean(self) -> bool:
+        return not self.reject and self.flagged_total == 0
+
+
+class Reader:
+    """One native parser (one per thread), reading whole files chunk by chunk."""
+
+    def __init__(self, layout: Layout, chunk_rows: int = CHUNK_ROWS) -> None:
+        lib = load_library()
+        if lib is None:
+            raise RuntimeError("the native reader library is not installed")
+        self._lib = lib
+        self.layout = layout
+        self.chunk_rows = chunk_rows
+        err = ctypes.create_string_buffer(256)
+        handle = lib.rwp_new(layout.spec, err, len(err))
+        if not handle:
+            raise RuntimeError(f"native reader: {err.value.decode(errors='replace')}")
+        self._p = ctypes.c_void_p(handle)
+        self._kind = layout.columns[self._column_index("rankwatch", "kind")]
+        self._checks = self._key_checks()
+
+    def close(self) -> None:
+        if self._p:
+            self._lib.rwp_free(self._p)
+            self._p = ctypes.c_void_p()
+
+    def __enter__(self) -> Reader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _column_index(self, group: str, name: str) -> int:
+        for i, c in enumerate(self.layout.columns):
+            if (c.group, c.name) == (group, name):
+                return i
+        raise KeyError(f"{group}.{name}")
+
+    def _key_checks(self) -> tuple[Column, ...]:
+        """Columns the DuckDB path requires non-null for a clean op (OP_KEY_COLUMNS
+        as the lean projection computes them: host, pid, comm_id, rank, func)."""
+        lean = {name: (lean_expr or expr) for name, _, expr, lean_expr in OP_COLUMNS}
+        from rankwatch.store.tables import OP_KEY_COLUMNS
+
+        out = []
+        for key in OP_KEY_COLUMNS:
+            refs = _FIELD_REF.findall(lean[key])
+            if len(refs) != 1:
+                raise RuntimeError(f"ops.{key}: expected one field in {lean[key]!r}")
+            out.append(self.layout.columns[self._column_index(*refs[0])])
+        return tuple(out)
+
+    # ------------------------------------------------------------ strings
+
+    def strings(self) -> list[str]:
+        """This file's string dictionary so far, by code."""
+        n = self._lib.rwp_string_count(self._p)
+        out = []
+        length = ctypes.c_int64()
+        for code in range(n):
+            addr = self._lib.rwp_string(self._p, code, ctypes.byref(length))
+            out.append(ctypes.string_at(addr, length.value).decode("utf-8"))
+        return out
+
+    # ------------------------------------------------------------- checks
+
+    def _problem(self, chunk: Chunk, strings: list[str]) -> str:
+        """Why rows of this chunk would not be clean ops for the DuckDB path, or ""."""
+        rows = chunk.rows
+        group = self.layout.group_slots["rankwatch"]
+        if not all_set(chunk.valid[group], rows):
+            return "record without a rankwatch object (Inspector record)"
+        for c in self._checks:
+            if not all_set(chunk.valid[c.slot], rows):
+                return f"{c.group}.{c.name} missing"
+        kind = self._kind
+        if not all_set(chunk.valid[kind.slot], rows):
+            return "rankwatch.kind missing"
+        codes = chunk.values[kind.slot]
+        assert codes is not None
+        is_op = np.array([s in ("coll", "p2p") for s in strings], dtype=bool)
+        if not bool(is_op[codes[:rows]].all()):
+            return "rankwatch.kind not coll or p2p"
+        seq = self.layout.columns[self._column_index("rankwatch", "seq")]
+        if not all_set(chunk.valid[seq.slot], rows):
+            coll = np.array([s == "coll" for s in strings], dtype=bool)[codes[:rows]]
+            if bool((coll & ~unpack(chunk.valid[seq.slot], rows)).any()):
+                return "collective without seq"
+        version = self.layout.columns[self._column_index("rankwatch", "schema")]
+        values = chunk.values[version.slot]
+        assert values is not None
+        present = values[:rows]
+        if not all_set(chunk.valid[version.slot], rows):
+            present = present[unpack(chunk.valid[version.slot], rows)]
+        if present.size and int(present.max()) > schema.SCHEMA_VERSION:
+            return "newer schema"
+        return ""
+
+    # -------------------------------------------------------------- files
+
+    def _bind_chunk(self) -> Chunk:
+        chunk = _new_chunk(self.layout, self.chunk_rows)
+        void_pp = ctypes.c_void_p * self.layout.slots
+        values = void_pp(*[(v.ctypes.data if v is not None else None) for v in chunk.values])
+        valid = void_pp(*[v.ctypes.data for v in chunk.valid])
+        if self._lib.rwp_bind(self._p, self.chunk_rows, values, valid) != 0:
+            raise RuntimeError("native reader: rwp_bind failed")
+        return chunk
+
+    def _finish_chunk(self, chunk: Chunk) -> tuple[Chunk, list[str]]:
+        chunk.rows = int(self._lib.rwp_rows(self._p))
+        return chunk, self.strings()
+
+    def read(self, rf: RecordFile, outcome: FileOutcome) -> Iterator[tuple[Chunk, list[str]]]:
+        """Chunks of rf's records; fills `outcome` as it goes, and stops early once
+        the file is known to need the DuckDB path (outcome.reject)."""
+        self._lib.rwp_reset(self._p)
+        for chunk, strings in self._chunks(rf):
+            self._note_flags(outcome)
+            # a flagged line is acceptable only as the file's unterminated last line,
+            # which is known once the last chunk is parsed
+            if outcome.flagged_total and not outcome.truncated_candidate:
+                outcome.reject = "flagged line(s): " + ", ".join(
+                    f"{line} ({why})" for line, why in outcome.flagged[:3]
+                )
+                return
+            if chunk.rows:
+                outcome.rows += chunk.rows
+                problem = self._problem(chunk, strings)
+                if problem:
+                    outcome.reject = problem
+                    return
+                yield chunk, strings
+
+    def _note_flags(self, outcome: FileOutcome) -> None:
+        lib, p = self._lib, self._p
+        outcome.lines = int(lib.rwp_lines(p))
+        outcome.flagged_total = int(lib.rwp_flagged(p))
+        outcome.unterminated = int(lib.rwp_unterminated_line(p))
+        line, code = ctypes.c_int64(), ctypes.c_int()
+        outcome.flagged = []
+        for i in range(min(outcome.flagged_total, MAX_FLAGS)):
+            lib.rwp_flag(p, i, ctypes.byref(line), ctypes.byref(code))
+            outcome.flagged.append((line.value, FLAG_NAMES.get(code.value, str(code.value))))
+
+    def _chunks(self, rf: RecordFile) -> Iterator[tuple[Chunk, list[str]]]:
+        """Full chunks of rf's records, then the last one (maybe empty)."""
+        chunk = self._bind_chunk()
+        if rf.compressed:
+            for addr, length, final, keep in _gzip_blocks(rf.path):
+                pos = 0
+                while True:
+                    pos += int(self._lib.rwp_parse(self._p, addr + pos, length - pos, final))
+                    if int(self._lib.rwp_rows(self._p)) < self.chunk_rows:
+                        break  # all complete lines of the block are parsed
+                    yield self._finish_chunk(chunk)
+                    chunk = self._bind_chunk()
+                keep.append(pos)
+        else:
+            with _Mapped(rf.path) as mapped:
+                pos = 0
+                while pos < mapped.size:
+                    left = mapped.size - pos
+                    pos += int(self._lib.rwp_parse(self._p, mapped.addr + pos, left, 1))
+                    mapped.release(pos)
+                    if int(self._lib.rwp_rows(self._p)) < self.chunk_rows:
+                        break
+                    yield self._finish_chunk(chunk)
+                    chunk = self._bind_chunk()
+        yield self._finish_chunk(chunk)
+
+
+def _gzip_blocks(path: str) -> Iterator[tuple[int, int, int, list[int]]]:
+    """(address, length, final, used) of decompressed blocks; the caller appends
+    to `used` how many bytes it parsed, and the rest (a partial line) is carried
+    into the next block."""
+    with gzip.open(path, "rb") as stream:
+        pending = b""
+        final = False
+        while not final:
+            block = stream.read(GZIP_BLOCK)
+            final = not block
+            buf = pending + block if pending else block
+            view = np.frombuffer(buf, dtype=np.uint8)
+            used: list[int] = []
+            yield (view.ctypes.data if len(buf) else 0), len(buf), int(final), used
+            pending = buf[used[0] if used else 0 :]
+            del view
+
+
+class _Mapped:
+    """A plain file mapped read-only; pages already parsed are dropped from this
+    process's resident set as parsing moves on (the page cache keeps them)."""
+
+    def __init__(self, path: str) -> None:
+        self._file = open(path, "rb")  # noqa: SIM115 - closed in __exit__
+        self.size = os.fstat(self._file.fileno()).st_size
+        self._map: mmap.mmap | None = None
+        self._view: np.ndarray | None = None
+        self.addr = 0
+        self._dropped = 0
+
+    def __enter__(self) -> _Mapped:
+        if self.size:
+            self._map = mmap.mmap(self._file.fileno(), 0, access=mmap.ACCESS_READ)
+            if hasattr(mmap, "MADV_SEQUENTIAL"):
+                self._map.madvise(mmap.MADV_SEQUENTIAL)
+            self._view = np.frombuffer(self._map, dtype=np.uint8)
+            self.addr = self._view.ctypes.data
+        return self
+
+    def release(self, pos: int) -> None:
+        done = pos - pos % mmap.PAGESIZE
+        if self._map is not None and done > self._dropped and hasattr(mmap, "MADV_DONTNEED"):
+            self._map.madvise(mmap.MADV_DONTNEED, self._dropped, done - self._dropped)
+            self._dropped = done
+
+    def __exit__(self, *exc: object) -> None:
+        self._view = None
+        if self._map is not None:
+            self._map.close()
+        self._file.close()
+
+
+# ---------------------------------------------------------------------- arrow
+
+_COMM_KEY_SQL = next(expr for name, _, expr, _ in OP_COLUMNS if name == "comm_key")
+_local = threading.local()
+
+
+def comm_keys(ids: list[str]) -> list[str | None]:
+    """ops.comm_key of each communicator id, exactly as tables.OP_COLUMNS computes
+    it: directly for ASCII ids (all real ones), through DuckDB for any other."""
+    out: list[str | None] = []
+    odd: list[int] = []
+    for i, text in enumerate(ids):
+        if text.isascii():
+            out.append("0x" + text[2:].lower().lstrip("0")[:14])
+        else:
+            out.append(None)
+            odd.append(i)
+    if odd:
+        import duckdb
+
+        con = getattr(_local, "con", None)
+        if con is None:
+            con = _local.con = duckdb.connect()
+        expr = _COMM_KEY_SQL.replace("header.id", "x")
+        rows = con.execute(
+            f"SELECT i, {expr} FROM (SELECT unnest(?::VARCHAR[]) AS x, unnest(?::BIGINT[]) AS i)",
+            [[ids[i] for i in odd], odd],
+        ).fetchall()
+        for i, key in rows:
+            out[i] = key
+    return out
+
+
+_LAYOUT: Layout | None = None
+
+
+def layout() -> Layout:
+    global _LAYOUT
+    if _LAYOUT is None:
+        _LAYOUT = build_layout()
+    return _LAYOUT
+
+
+@functools.lru_cache(maxsize=4)
+def _struct_types(layout: Layout) -> dict[str, Any]:
+    import pyarrow as pa
+
+    arrow = {
+        "i": pa.int64(),
+        "n": pa.int64(),
+        "f": pa.float64(),
+        "b": pa.bool_(),
+        "s": pa.dictionary(pa.int32(), pa.string()),
+    }
+    fields: dict[str, list[Any]] = {g: [] for g in layout.group_slots}
+    for c in layout.columns:
+        fields[c.group].append(pa.field(c.name, arrow[c.code]))
+    return {g: pa.struct(f) for g, f in fields.items() if f}
+
+
+@functools.lru_cache(maxsize=4)
+def arrow_schema(layout: Layout) -> Any:
+    """The schema of every chunk: the file's path, then one struct per group."""
+    import pyarrow as pa
+
+    text = pa.dictionary(pa.int32(), pa.string())
+    columns = [pa.field("source_file", text), pa.field("comm_key", text)]
+    columns += [pa.field(g, t) for g, t in _struct_types(layout).items()]
+    return pa.schema(columns)
+
+
+_ARROW_TYPES: dict[str, Any] = {}
+
+
+def to_arrow(
+    layout: Layout, chunk: Chunk, strings: list[str], path: str, keys: list[str | None]
+) -> Any:
+    """The chunk as an Arrow record batch: `source_file`, `comm_key` (`keys`: the
+    comm_key of each string, see comm_keys()), then one struct column per group
+    shaped like the columns DuckDB's JSON reader produces, so that the same SQL
+    projection (load.op_projection) applies to both."""
+    import pyarrow as pa
+
+    if not _ARROW_TYPES:
+        _ARROW_TYPES.update(i=pa.int64(), n=pa.int64(), f=pa.float64(), b=pa.bool_())
+    rows = chunk.rows
+    dictionary = pa.array(strings, type=pa.string())
+    by_group: dict[str, list[Any]] = {g: [] for g in layout.group_slots}
+    comm_key = None
+    for c in layout.columns:
+        valid = pa.py_buffer(chunk.valid[c.slot])
+        values = chunk.values[c.slot]
+        assert values is not None
+        if c.code == "s":
+            codes = pa.Array.from_buffers(pa.int32(), rows, [valid, pa.py_buffer(values)])
+            array = pa.DictionaryArray.from_arrays(codes, dictionary, safe=False)
+            if (c.group, c.name) == ("header", "id"):
+                comm_key = pa.DictionaryArray.from_arrays(
+                    codes, pa.array(keys, type=pa.string()), safe=False
+                )
+        else:
+            array = pa.Array.from_buffers(_ARROW_TYPES[c.code], rows, [valid, pa.py_buffer(values)])
+        by_group[c.group].append(array)
+    source = pa.DictionaryArray.from_arrays(
+        pa.array(np.zeros(rows, dtype=np.int32)), pa.array([path], type=pa.string())
+    )
+    assert comm_key is not None
+    columns = [source, comm_key]
+    for group, struct in _struct_types(layout).items():
+        validity = pa.py_buffer(chunk.valid[layout.group_slots[group]])
+        columns.append(pa.Array.from_buffers(struct, rows, [validity], children=by_group[group]))
+    return pa.RecordBatch.from_arrays(columns, schema=arrow_schema(layout))
+
+
+# ------------------------------------------------------------------ loading
+
+
+def load_files(
+    con: Any,
+    files: list[RecordFile],
+    workers: int,
+    between: Callable[[], object] | None = None,
+    round_rows: int = ROUND_ROWS,
+) -> dict[str, FileOutcome]:
+    """Append the records of `files` to `ops`: `workers` threads parse, and INSERT
+    statements stream their chunks into DuckDB, one per round of about
+    `round_rows` rows (a statement appends several times faster than one per
+    chunk), calling `between()` after each round (e.g. to compress the tables).
+    Returns each file's outcome; the rows of a file with outcome.reject are
+    removed again (it needs the DuckDB path)."""
+    import pyarrow as pa
+
+    from rankwatch.store import load
+
+    shape = layout()
+    outcomes = {f.path: FileOutcome() for f in files}
+    if not files:
+        return outcomes
+    pending = list(reversed(files))
+    lock = threading.Lock()
+    items: queue.Queue[tuple[str, RecordFile | None, Any]] = queue.Queue(maxsize=workers + 1)
+    stop = threading.Event()
+    failures: list[BaseException] = []
+
+    def put(item: tuple[str, RecordFile | None, Any]) -> None:
+        while not stop.is_set():
+            try:
+                items.put(item, timeout=0.1)
+                return
+            except queue.Full:
+                continue
+
+    def work() -> None:
+        try:
+            with Reader(shape) as reader:
+                while not stop.is_set():
+                    with lock:
+                        if not pending:
+                            break
+                        rf = pending.pop()
+                    outcome = outcomes[rf.path]
+                    keys: list[str | None] = []
+                    try:
+                        for chunk, strings in reader.read(rf, outcome):
+                            keys += comm_keys(strings[len(keys) :])
+                            batch = to_arrow(shape, chunk, strings, rf.path, keys)
+                            put(("chunk", rf, batch))
+                    except (OSError, ValueError, EOFError, RuntimeError) as exc:
+                        # e.g. a corrupt gzip stream: DuckDB's path and the careful
+                        # reader say what is wrong with the file
+                        outcome.reject = f"could not read: {exc}"
+        except BaseException as exc:  # handed to the inserting thread, raised there
+            put(("error", None, exc))
+        finally:
+            put(("exit", None, None))
+
+    threads = [threading.Thread(target=work, daemon=True) for _ in range(max(1, workers))]
+    running = len(threads)
+
+    def batches() -> Iterator[Any]:
+        """One round's batches: until round_rows rows or the last worker is done."""
+        nonlocal running
+        rows = 0
+        while running and rows < round_rows:
+            kind, _, payload = items.get()
+            if kind == "exit":
+                running -= 1
+            elif kind == "error":
+                failures.append(payload)
+                stop.set()
+                running = 0
+            else:
+                rows += payload.num_rows
+                yield payload
+
+    for t in threads:
+        t.start()
+    projection = load.op_projection("source_file", lean=True, given={"comm_key": "comm_key"})
+    try:
+        while running:
+            stream = pa.RecordBatchReader.from_batches(arrow_schema(shape), batches())
+            con.register("rankwatch_native_chunks", stream)
+            try:
+                con.execute(f"INSERT INTO ops SELECT {projection} FROM rankwatch_native_chunks")
+            finally:
+                con.unregister("rankwatch_native_chunks")
+            if between is not None and not failures:
+                between()
+    except Exception:
+        if failures:
+            raise failures[0] from None
+        raise
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+    if failures:
+        raise failures[0]
+    load.delete_files(con, "ops", [p for p, o in outcomes.items() if o.reject and o.rows])
+    return outcomes

@@ -1,0 +1,357 @@
+"""The native op-record reader (rankwatch.store.native): the same tables as
+DuckDB's JSON reader on the same files, damaged ones included; a strict parser
+that takes only what a JSON decoder takes; and a C library that survives
+mangled input under AddressSanitizer and UBSan."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import random
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from analysis_support import first_op_lines, inspector_coll, write_lines
+
+from rankwatch import schema
+from rankwatch.store import EngineSettings, ingest, native
+from rankwatch.store.engine import DEFAULT_MEMORY_LIMIT
+from rankwatch.store.tables import OP_COLUMNS, OP_GROUP_FIELDS
+
+NATIVE_DIR = Path(__file__).resolve().parents[2] / "native"
+TABLES = ("ops", "comms", "progress", "clock", "stats", "files", "problems")
+
+needs_library = pytest.mark.skipif(
+    not native.available(), reason="the native reader library is not built"
+)
+
+
+def _ingest(directory: Path, use_native: bool):
+    settings = EngineSettings(DEFAULT_MEMORY_LIMIT, None, None, native=use_native)
+    return ingest([directory], progress=False, settings=settings)
+
+
+def assert_same_tables(a, b) -> None:
+    """Every base table holds the same rows (as multisets), problems in the same order."""
+    for table in TABLES:
+        left = a.con.sql(f"SELECT * FROM {table}")
+        right = b.con.sql(f"SELECT * FROM {table}")
+        assert left.columns == right.columns and left.types == right.types, table
+        other = right.to_arrow_table()
+        if table == "problems":
+            continue  # compared below, in order
+        a.con.register("other_side", other)
+        try:
+            missing, extra, n = a.con.execute(
+                f"SELECT (SELECT count(*) FROM (SELECT * FROM {table} EXCEPT ALL "
+                f"SELECT * FROM other_side)), (SELECT count(*) FROM (SELECT * FROM other_side "
+                f"EXCEPT ALL SELECT * FROM {table})), (SELECT count(*) FROM {table})"
+            ).fetchall()[0]
+        finally:
+            a.con.unregister("other_side")
+        assert (missing, extra) == (0, 0), f"{table}: {missing} rows only one side, {extra} other"
+        assert n == other.num_rows, table
+    assert a.problems == b.problems
+    # messages name the user's files, never a temporary copy
+    assert not any("rankwatch-ingest-" in p.message for p in a.problems)
+
+
+# ------------------------------------------------------------------- layout
+
+
+def test_every_field_the_ops_table_reads_has_a_typed_output_column() -> None:
+    layout = native.build_layout()
+    outputs = {(c.group, c.name): c.code for c in layout.columns}
+    assert set(outputs) == set(native.lean_projection_fields())
+    declared = {(g, n): t for g, fields in OP_GROUP_FIELDS.items() for n, t in fields}
+    for key, code in outputs.items():
+        assert {"BIGINT": "in", "DOUBLE": "f", "VARCHAR": "s", "BOOLEAN": "b"}[declared[key]].count(
+            code
+        ) == 1, key
+    # fields feeding INTEGER columns are range-checked to 32 bits
+    assert outputs[("header", "rank")] == "n" and outputs[("rankwatch", "seq")] == "i"
+    # every declared field is type-checked, used or not
+    spec = layout.spec.decode()
+    for group, name in declared:
+        assert f"field {group} {name} " in spec
+
+
+def test_the_switch_comes_from_the_environment() -> None:
+    assert EngineSettings.from_env({}).native is True
+    assert EngineSettings.from_env({"RANKWATCH_NATIVE": "0"}).native is False
+    assert EngineSettings(native=False).native_workers() == 0
+
+
+# ------------------------------------------------------- identical tables
+
+
+@needs_library
+@pytest.mark.parametrize("job", ["plain", "hang", "desync"])
+def test_both_readers_give_identical_tables_on_simulated_jobs(sim, job: str) -> None:
+    directory = sim(job)
+    fast = _ingest(directory, use_native=True)
+    slow = _ingest(directory, use_native=False)
+    assert fast.count("ops") > 0
+    assert len(fast.native_files) == len([f for f in fast.files if f.role == "ops"])
+    assert_same_tables(fast, slow)
+
+
+def _reordered(line: str) -> str:
+    """The same record with keys in reverse order, unknown keys (nested too) added,
+    and strings written with escapes."""
+    rec = json.loads(line)
+    rec["future_object"] = {"a": [1, 2.5e3, {"b": None}], "c": 'x\\"y'}
+    rec["rankwatch"]["future_field"] = [True, False, None, -0.0]
+    rec["header"]["comm_name"] = 'quote " backslash \\ tab \t é 😀'
+    text = json.dumps(
+        {k: (dict(reversed(v.items())) if isinstance(v, dict) else v) for k, v in rec.items()},
+        ensure_ascii=True,
+    )
+    return " " + text.replace(", ", " ,\t") + " \r"
+
+
+@needs_library
+def test_both_readers_give_identical_tables_on_damaged_and_unusual_files(
+    sim, tmp_path: Path
+) -> None:
+    good = first_op_lines(sim("plain"), 40)
+    run = tmp_path / "run"
+    # damage the careful reader reports, one kind per file
+    write_lines(
+        run / "a-pid1.log",
+        good[:10] + ['{"header": {"id": oops'] + good[10:20] + [good[20][:80]],
+        final_newline=False,
+    )
+    wrong = json.loads(good[0])
+    wrong["rankwatch"]["api_start_ns"] = "soon"
+    key_wrong = json.loads(good[1])
+    key_wrong["header"]["rank"] = "three"
+    write_lines(run / "b-pid2.log", good[2:5] + [json.dumps(wrong), json.dumps(key_wrong)])
+    write_lines(run / "c-pid3.log", good[:11] + [good[11][:300]], final_newline=False)
+    newer = json.loads(good[0])
+    newer["rankwatch"]["schema"] = schema.SCHEMA_VERSION + 1
+    write_lines(run / "d-pid4.log", good[:4] + [json.dumps(newer)] * 2)
+    write_lines(run / "e-pid5.log", ['{"broken": '] * 5)
+    # a file of rankwatch records with an Inspector record in it
+    write_lines(run / "f-pid6.log", good[:3] + [inspector_coll(0, 1)] + good[3:6])
+    # unusual but valid: reordered keys, unknown keys, escapes, blank lines, no final newline
+    write_lines(
+        run / "g-pid7.log",
+        [_reordered(x) for x in good[:8]] + ["", "   "] + good[8:12],
+        final_newline=False,
+    )
+    # a record the DuckDB reader takes with null groups and null fields
+    nulls = json.loads(good[2])
+    nulls["p2p_perf"] = None
+    nulls["rankwatch"]["gpu_start_ns"] = None
+    nulls["rankwatch"]["algo"] = None
+    write_lines(run / "h-pid8.log", [json.dumps(nulls), good[3]])
+    # a duplicate key, a huge number, a lone surrogate: left to the DuckDB path
+    write_lines(run / "i-pid9.log", [good[4].replace('"rank":', '"rank":1,"rank":', 1)])
+    huge = json.loads(good[5])
+    huge["rankwatch"]["count"] = 2**70
+    write_lines(run / "j-pid10.log", [json.dumps(huge)])
+    write_lines(run / "k-pid11.log", [good[6].replace('"comm_name":"', '"comm_name":"\\ud800', 1)])
+    odd_id = json.loads(good[7])
+    odd_id["header"]["id"] = "0xÉ0İ0ABcd"
+    write_lines(run / "n-pid14.log", [json.dumps(odd_id, ensure_ascii=False)])
+    with gzip.open(run / "l-pid12.log.gz", "wt", encoding="utf-8") as stream:
+        stream.write("\n".join(good) + "\n")
+    with gzip.open(run / "m-pid13.log.gz", "wt", encoding="utf-8") as stream:
+        stream.write("\n".join(good[:5]) + "\n" + good[5][:200])
+    fast = _ingest(run, use_native=True)
+    slow = _ingest(run, use_native=False)
+    assert_same_tables(fast, slow)
+    # the native reader took the unusual but valid files and the plain file whose only
+    # damage is a truncated last line; it left the rest to the DuckDB path and the
+    # careful reader (which, as before, also reads a compressed file's truncated end)
+    assert sorted(Path(p).name for p in fast.native_files) == [
+        "c-pid3.log",
+        "g-pid7.log",
+        "h-pid8.log",
+        "l-pid12.log.gz",
+        "n-pid14.log",
+    ]
+    assert slow.native_files == []
+    reported = {(Path(p.file).name, p.line, p.kind) for p in fast.problems}
+    assert ("c-pid3.log", 12, "truncated") in reported
+    assert ("m-pid13.log.gz", 6, "truncated") in reported
+    assert fast.count("ops") > 60
+
+
+@needs_library
+def test_a_file_without_the_library_goes_through_duckdb(
+    sim, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    directory = sim("desync")
+    with_library = _ingest(directory, use_native=True)
+    monkeypatch.setattr(native, "_lib", None)
+    monkeypatch.setattr(native, "_lib_tried", True)
+    assert not native.available()
+    assert EngineSettings().native_workers() == 0
+    without = _ingest(directory, use_native=True)
+    assert_same_tables(with_library, without)
+
+
+def test_comm_keys_are_computed_as_the_sql_computes_them() -> None:
+    import duckdb
+
+    ids = ["0x00ABcdef0123456789", "0x7f8c496ae9f661", "0xÉ0İ0ABcd", "0x", "", "0x0000", "x"]
+    expr = next(e for n, _, e, _ in OP_COLUMNS if n == "comm_key").replace("header.id", "x")
+    con = duckdb.connect()
+    want = [con.execute(f"SELECT {expr} FROM (SELECT ?::VARCHAR AS x)", [i]).fetchall()[0][0]
+            for i in ids]  # fmt: skip
+    assert native.comm_keys(ids) == want
+    assert want[0] == "0xabcdef01234567"
+
+
+# ---------------------------------------------------------- strict parsing
+
+
+def _mutations(lines: list[str], count: int, rng: random.Random) -> list[bytes]:
+    pieces = [b"{", b"}", b"[", b"]", b'"', b",", b":", b"\\", b"0", b"-", b".", b"e", b"1e999",
+              b"null", b"true", b" ", b"\x00", b"\x1f", b"\xc3", b"\xff", b"\\u00e9", b"\\ud83d",
+              b"99999999999999999999", b"\xe2\x82\xac"]  # fmt: skip
+    out = []
+    for _ in range(count):
+        line = bytearray(rng.choice(lines).encode())
+        for _ in range(rng.randint(1, 3)):
+            at = rng.randrange(len(line) + 1)
+            op = rng.randrange(4)
+            if op == 0 and line:
+                del line[at : at + rng.randint(1, 8)]
+            elif op == 1:
+                line[at:at] = rng.choice(pieces)
+            elif op == 2 and at < len(line):
+                line[at] = rng.randrange(256)
+            else:
+                line = line[:at]
+        out.append(bytes(line).replace(b"\n", b" "))
+    return out
+
+
+def _parse_one(
+    reader: native.Reader, text: bytes, reset: bool = True
+) -> tuple[bool, dict[tuple[str, str], Any]]:
+    """(accepted, values) of one line through the library. Without reset, the line
+    continues the same file: the parser may use the layouts of earlier lines."""
+    lib = reader._lib
+    if reset:
+        lib.rwp_reset(reader._p)
+    flagged = lib.rwp_flagged(reader._p)
+    chunk = reader._bind_chunk()
+    buf = np.frombuffer(text + b"\n", dtype=np.uint8)
+    lib.rwp_parse(reader._p, buf.ctypes.data, len(buf), 1)
+    chunk, strings = reader._finish_chunk(chunk)
+    if chunk.rows == 0:
+        assert lib.rwp_flagged(reader._p) - flagged == (1 if text.strip() else 0)
+        return False, {}
+    keys = native.comm_keys(strings)
+    batch = native.to_arrow(reader.layout, chunk, strings, "x", keys).to_pylist()[0]
+    values = {}
+    for c in reader.layout.columns:
+        group = batch[c.group]
+        values[(c.group, c.name)] = None if group is None else group[c.name]
+    return True, values
+
+
+def _expected(obj: dict, group: str, name: str) -> Any:
+    value = obj.get(group, {}) if isinstance(obj.get(group), dict) else None
+    return None if value is None else value.get(name)
+
+
+@needs_library
+@pytest.mark.parametrize("same_file", [False, True], ids=["line_by_line", "one_file"])
+def test_the_parser_accepts_only_what_a_json_decoder_accepts_with_the_same_values(
+    sim, same_file: bool
+) -> None:
+    # one_file: the lines follow each other in one file, so most are read through
+    # the layout of an earlier line, which a mutated line must not fool
+    lines = first_op_lines(sim("plain"), 60)
+    p2p = [x for x in first_op_lines(sim("plain"), 400) if "p2p_perf" in x][:10]
+    rng = random.Random(20261129)
+    accepted = rejected = 0
+    texts = [line.encode() for line in lines + p2p] + _mutations(lines + p2p, 3000, rng)
+    if same_file:
+        texts = [t for two in zip(texts, rng.sample(texts, len(texts)), strict=True) for t in two]
+    with native.Reader(native.layout(), chunk_rows=4) as reader:
+        for i, text in enumerate(texts):
+            # files of 200 lines: long enough to reuse layouts, short enough that the
+            # string dictionary (rebuilt here after every line) stays small
+            ok, values = _parse_one(reader, text, reset=not same_file or i % 200 == 0)
+            try:
+                obj = json.loads(text)
+            except ValueError:
+                assert not ok, text
+                rejected += 1
+                continue
+            if not ok:
+                rejected += 1
+                continue
+            accepted += 1
+            assert isinstance(obj, dict)
+            for (group, name), got in values.items():
+                want = _expected(obj, group, name)
+                if isinstance(want, float) or isinstance(got, float):
+                    assert float(got) == float(want), (group, name, text)
+                else:
+                    assert got == want and type(got) is type(want), (group, name, text)
+    assert accepted > 200 and rejected > 1000
+
+
+@needs_library
+def test_keys_in_any_order_and_unknown_keys_are_read(sim) -> None:
+    line = first_op_lines(sim("plain"), 1)[0]
+    with native.Reader(native.layout()) as reader:
+        ok, values = _parse_one(reader, _reordered(line).encode())
+    assert ok
+    obj = json.loads(line)
+    assert values[("header", "comm_name")] == 'quote " backslash \\ tab \t é 😀'
+    assert values[("rankwatch", "arrival_ns")] == obj["rankwatch"]["arrival_ns"]
+    assert values[("metadata", "hostname")] == obj["metadata"]["hostname"]
+
+
+# --------------------------------------------------------------- sanitizers
+
+
+def _compiler() -> str | None:
+    for cc in (os.environ.get("CC"), "cc", "gcc", "clang"):
+        if cc and shutil.which(cc):
+            return cc
+    return None
+
+
+@pytest.mark.skipif(_compiler() is None, reason="no C compiler")
+def test_mangled_lines_never_crash_the_parser_under_sanitizers(sim, tmp_path: Path) -> None:
+    cc = _compiler()
+    assert cc is not None
+    binary = tmp_path / "fuzz_rwparse"
+    build = subprocess.run(
+        [cc, "-std=c11", "-Wall", "-Wextra", "-Werror", "-D_GNU_SOURCE", "-O1", "-g",
+         "-fsanitize=address,undefined", "-fno-sanitize-recover=all",
+         "-fno-omit-frame-pointer", f"-I{NATIVE_DIR}", "-o", str(binary),
+         str(NATIVE_DIR / "tests" / "fuzz_rwparse.c"), str(NATIVE_DIR / "rwparse.c")],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    if build.returncode != 0 and "sanitize" in build.stderr:
+        pytest.skip(f"sanitizer runtime not available: {build.stderr[-300:]}")
+    assert build.returncode == 0, build.stderr
+    spec = tmp_path / "spec.txt"
+    spec.write_bytes(native.build_layout().spec)
+    seeds = tmp_path / "seeds.txt"
+    p2p = [x for x in first_op_lines(sim("plain"), 400) if "p2p_perf" in x][:10]
+    unusual = [_reordered(x) for x in first_op_lines(sim("plain"), 5)]
+    seeds.write_text("\n".join(first_op_lines(sim("plain"), 40) + p2p + unusual) + "\n")
+    env = dict(os.environ, ASAN_OPTIONS="detect_leaks=1:abort_on_error=0")
+    for seed in (1, 2):
+        done = subprocess.run(
+            [str(binary), str(spec), str(seeds), "15000", str(seed)],
+            capture_output=True, text=True, timeout=120, check=False, env=env,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert done.stdout.startswith("ok:"), done.stdout
