@@ -370,6 +370,8 @@ class StragglerDetector:
         hides it."""
         floor = self.ctx.config.sigma_floor_ns
         idx = np.flatnonzero(pair & (dev > 0))  # one per pair: the later rank's difference
+        if not len(idx):  # no pair differed in this batch: nothing to learn
+            return np.fmax(self.pair_sig[slot], floor)
         idx = idx[np.argsort(slot[idx], kind="stable")]
         s_all, est_all = slot[idx], np.abs(dev[idx]) / 0.954
         bounds = np.flatnonzero(np.r_[True, s_all[1:] != s_all[:-1], True])
@@ -379,7 +381,6 @@ class StragglerDetector:
             if len(seen) < PAIR_LEARN:
                 seen.extend(est[: PAIR_LEARN - len(seen)].tolist())
                 self.pair_sig[s] = float(np.median(seen))
-                est = est[b - a - max(0, len(est) - PAIR_LEARN + len(seen)) :]
                 continue
             cur = max(self.pair_sig[s], floor)
             inl = est[est <= 3.0 * cur]
