@@ -1,4 +1,5 @@
-"""Options shared by the subcommands that start the plugin (env, run)."""
+"""Options shared by subcommands: those that start the plugin (env, run), and those
+that take plugin streams (monitor, agent)."""
 
 from __future__ import annotations
 
@@ -52,3 +53,20 @@ def plugin_options(func: F) -> F:
     for option in reversed(_PLUGIN_OPTIONS):
         func = option(func)
     return func
+
+
+# monitor and agent: the collector token and the file that tells scripts where they bound
+token_option = click.option(
+    "--token",
+    envvar="RANKWATCH_COLLECTOR_TOKEN",
+    metavar="TOKEN",
+    default=None,
+    help="Shared token the plugins send (RANKWATCH_COLLECTOR_TOKEN); required for any "
+    "listener that is not loopback, and then for every stream.",
+)
+ready_file_option = click.option(
+    "--ready-file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Write the bound addresses here as JSON once listening (for scripts).",
+)

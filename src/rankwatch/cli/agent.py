@@ -7,6 +7,8 @@ from pathlib import Path
 
 import click
 
+from rankwatch.cli._options import ready_file_option, token_option
+
 DEFAULT_LISTEN = "tcp://127.0.0.1:9471"
 
 
@@ -27,14 +29,7 @@ DEFAULT_LISTEN = "tcp://127.0.0.1:9471"
     metavar="URL",
     help="NATS server to publish to (nats://[token@]host:port).",
 )
-@click.option(
-    "--token",
-    envvar="RANKWATCH_COLLECTOR_TOKEN",
-    metavar="TOKEN",
-    default=None,
-    help="Shared token the plugins send (RANKWATCH_COLLECTOR_TOKEN); required for any "
-    "listener that is not loopback, and then for every stream.",
-)
+@token_option
 @click.option("--name", default=None, metavar="NAME",
               help="This agent's name [default: host name].")  # fmt: skip
 @click.option("--buckets", type=click.IntRange(min=1, max=4096), default=64, show_default=True,
@@ -56,12 +51,7 @@ DEFAULT_LISTEN = "tcp://127.0.0.1:9471"
     default=None,
     help="Write the agent's counters here as JSON every window.",
 )
-@click.option(
-    "--ready-file",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=None,
-    help="Write the bound addresses here as JSON once listening (for scripts).",
-)
+@ready_file_option
 def command(
     listen: tuple[str, ...],
     nats_url: str,

@@ -6,6 +6,8 @@ from pathlib import Path
 
 import click
 
+from rankwatch.cli._options import ready_file_option, token_option
+
 DEFAULT_HTTP = "127.0.0.1:9470"
 
 
@@ -34,14 +36,7 @@ DEFAULT_HTTP = "127.0.0.1:9470"
     metavar="HOST:PORT",
     help="Serve the page, /api/state and /metrics here (`none`: no HTTP; port 0: any).",
 )
-@click.option(
-    "--token",
-    envvar="RANKWATCH_COLLECTOR_TOKEN",
-    metavar="TOKEN",
-    default=None,
-    help="Shared token the plugins send (RANKWATCH_COLLECTOR_TOKEN); required for any "
-    "listener that is not loopback, and then for every stream.",
-)
+@token_option
 @click.option("--webhook", metavar="URL", default=None, help="POST each new finding here (JSON).")
 @click.option(
     "--parquet",
@@ -66,12 +61,7 @@ DEFAULT_HTTP = "127.0.0.1:9470"
     show_default=True,
     help="Per-rank metric series for jobs up to this many ranks (larger jobs: the latest).",
 )
-@click.option(
-    "--ready-file",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=None,
-    help="Write the bound addresses here as JSON once serving (for scripts).",
-)
+@ready_file_option
 @click.option("--nats", "nats_url", default=None, metavar="URL",
               help="Also take records from `rankwatch agent`s via NATS (docs/scale.md).")
 @click.option("--queue-group", default="rankwatch", show_default=True, metavar="G",
