@@ -11,17 +11,18 @@ import pytest
 
 from rankwatch.align import align
 from rankwatch.detect import DETECTORS, Stream, Topology, detect
-from rankwatch.detect.period import SlotMap, find_period
+from rankwatch.detect.period import SlotMap, enough_to_learn, find_period, learn_periods
+from rankwatch.detect.records import Recs
 from rankwatch.detect.robust import (
     cusum,
     group_median,
     run_lengths,
+    segmented_ewma,
     stable_order,
     trailing_misses,
-    weighted_group_median,
 )
 from rankwatch.detect.source import windows
-from rankwatch.detect.straggler import _runs_at_hits
+from rankwatch.detect.straggler import _inlier_ewma, _runs_at_hits
 from rankwatch.simulate import SimConfig, SlowFault, simulate
 from rankwatch.store import ingest
 
@@ -129,16 +130,6 @@ def test_stable_order_is_a_stable_argsort() -> None:
         assert np.array_equal(stable_order(key, bound), np.argsort(key, kind="stable"))
 
 
-def test_weighted_group_median_is_the_median_of_the_copies() -> None:
-    rng = np.random.default_rng(8)
-    values = rng.normal(size=60)
-    weights = rng.integers(0, 5, 60)
-    groups = rng.integers(0, 6, 60)
-    got = weighted_group_median(values, weights, groups, 7)
-    want = group_median(np.repeat(values, weights), np.repeat(groups, weights), 7)
-    assert np.array_equal(got, want, equal_nan=True)
-
-
 def test_period_of_a_training_step_and_its_slots() -> None:
     step = [11, 11, 11, 11, 12, 13]  # e.g. 4 gradient buckets, grad norm, a TP op
     symbols = np.array([7] + step * 20)  # after a warm-up op
@@ -147,6 +138,67 @@ def test_period_of_a_training_step_and_its_slots() -> None:
     codes = slots.codes(np.array([100, 100, 200, 300]), np.array([5, 8, 9, 9]))
     assert codes.tolist() == [1, 0, 4, 5]  # 300 was unseen: one slot of its own
     assert slots.slot_of(1) == (100, 1)
+
+
+def _ops(procs: range, step: list[tuple[int, int]], steps: int, t0: float) -> Recs:
+    """Records of processes repeating `step` ((kind, size) per op) `steps` times."""
+    n = len(step) * steps
+    sym = np.tile([k for k, _ in step], steps)
+    msg = np.tile([m for _, m in step], steps)
+    cols = {"proc": [], "sym": [], "msg": [], "arrival_c": []}
+    for p in procs:
+        cols["proc"].append(np.full(n, p))
+        cols["sym"].append(sym)
+        cols["msg"].append(msg)
+        cols["arrival_c"].append(t0 + np.arange(n) * 1e5 + p)
+    return Recs({k: np.concatenate(v) for k, v in cols.items()})
+
+
+def test_a_kind_few_processes_use_is_learned_from_them() -> None:
+    """Ten data-parallel ranks and, created later, a two-rank communicator whose kind
+    occurs twice per step: its period comes from the two that use it, though the
+    others have more ops."""
+    dp = _ops(range(10), [(11, 4096), (11, 8192), (12, 64)], 300, 0.0)
+    late = _ops(range(10, 12), [(40, 1024), (40, 2048), (41, 64)], 100, 5e7)
+    both = Recs.concat([dp, late])
+    assert learn_periods(both) == {11: 2, 12: 1, 40: 2, 41: 1}
+    assert learn_periods(both, np.array([40, 41])) == {40: 2, 41: 1}
+    assert enough_to_learn(both, np.array([40, 41]))
+    short = late.take(np.flatnonzero(late.arrival_c < 5e7 + 200 * 1e5))  # 200 ops each
+    assert not enough_to_learn(Recs.concat([dp, short]), np.array([40]))
+
+
+def _ewma_loop(x, seg, init, alpha, floor=None):
+    out, cur, last = np.full(len(x), np.nan), 0.0, None
+    for i in range(len(x)):
+        if seg[i] != last:
+            cur, last = (init[i] if np.isfinite(init[i]) else x[i]), seg[i]
+        if floor is None or x[i] <= 3.0 * max(cur, floor):
+            cur += alpha * (x[i] - cur)
+            out[i] = cur
+    return out
+
+
+@pytest.mark.parametrize("alpha", [0.5, 0.2, 0.05, 0.001])
+def test_segmented_ewma_is_one_update_per_element(alpha: float) -> None:
+    rng = np.random.default_rng(7)
+    n = 5000
+    seg = np.sort(rng.integers(0, 6, n))
+    x = rng.gamma(2.0, 3.0, n)
+    init = np.where(rng.random(6) < 0.5, np.nan, 10 * rng.random(6))[seg]
+    got = segmented_ewma(x, seg, init, alpha)
+    assert np.allclose(got, _ewma_loop(x, seg, init, alpha), rtol=1e-12)
+
+
+def test_inlier_ewma_takes_the_inliers_a_pass_in_order_would() -> None:
+    rng = np.random.default_rng(11)
+    for _ in range(50):
+        n = int(rng.integers(1, 500))
+        seg = np.sort(rng.integers(0, 4, n))
+        x = rng.gamma(1.5, 2.0, n) * np.where(rng.random(n) < 0.15, 8.0, 1.0)
+        init = (0.5 + 4 * rng.random(4))[seg]
+        got = _inlier_ewma(x, seg, init, 0.05, 0.1)
+        assert np.allclose(got, _ewma_loop(x, seg, init, 0.05, 0.1), rtol=1e-12, equal_nan=True)
 
 
 # ----------------------------------------------------------------- the stream

@@ -60,6 +60,8 @@ DETECTORS: list[Callable[[Context], Detector]] = [
     HangDetector,  # progress records only
 ]
 LEARN_HOLD_NS = 30e9  # live: longest the period learning holds records back
+LEARN_MAX_ROWS = 4_000_000  # ... and the most op rows it looks at meanwhile
+LEARN_COLUMNS = ("proc", "sym", "msg", "arrival_c")
 
 
 class Stream:
@@ -71,7 +73,11 @@ class Stream:
         self.prepare = Preparer(topology)
         self.assembler = Assembler(topology, self.ctx.config.evict_ns)
         self.detectors: list[Detector] = [make(self.ctx) for make in (detectors or DETECTORS)]
-        self.held: list[Recs] = []  # records held until the step period is learned
+        self.held: list[Recs] = []  # records of op kinds whose period is not learned yet
+        self.learn_buf: list[Recs] = []  # op sequences of the processes that use them
+        self.learn_rows = 0
+        self.learning = np.zeros(topology.n_procs, dtype=bool)
+        self.hold_since = -np.inf
         self.learned = False
         self.now = -np.inf
         self.closed = False
@@ -120,18 +126,40 @@ class Stream:
         return self.prepare(ops)
 
     def _learn(self, recs: Recs | None, final: bool) -> Recs | None:
-        """Hold records until the step period is known, then release them."""
-        if self.learned:
-            return recs
-        if recs is not None:
-            self.held.append(recs)
+        """Hold the records of op kinds whose period is not known yet (all of them at
+        the start; a communicator's created mid-run), learn it from the processes
+        that use them, then release them. Learning from those processes' own ops,
+        whenever they come, gives the same slots however the records are batched."""
+        passed = None
+        if recs is not None and len(recs):
+            unknown = self.ctx.slots.unknown(recs.sym)
+            passed = recs if not unknown.any() else recs.take(np.flatnonzero(~unknown))
+            if unknown.any():
+                if not self.held:
+                    self.hold_since = self.now
+                self.learning[np.unique(recs.proc[unknown])] = True
+                self.held.append(recs.take(np.flatnonzero(unknown)))
+            if self.held:  # the full op sequences of the processes learned from
+                mine = self.learning[recs.proc]
+                self.learn_buf.append(Recs({c: getattr(recs, c)[mine] for c in LEARN_COLUMNS}))
+                self.learn_rows += int(mine.sum())
+        if not self.held or not (final or self._enough()):
+            return passed if passed is not None and len(passed) else None
         held = Recs.concat(self.held)
-        span = (self.now - self.ctx.first_ns) if np.isfinite(self.ctx.first_ns) else 0.0
-        if not (final or enough_to_learn(held) or span > LEARN_HOLD_NS):
-            return None
-        self.ctx.slots = SlotMap(learn_periods(held) if len(held) else {})
-        self.learned, self.held = True, []
-        return held if len(held) else None
+        syms = np.unique(held.sym)
+        periods = learn_periods(Recs.concat(self.learn_buf), syms)
+        self.ctx.slots.add({int(s): periods.get(int(s), 1) for s in syms.tolist()})
+        self.learned = True
+        self.held, self.learn_buf, self.learn_rows = [], [], 0
+        self.learning[:] = False
+        out = Recs.concat([held, passed]) if passed is not None else held
+        return out if len(out) else None
+
+    def _enough(self) -> bool:
+        if self.now - self.hold_since > LEARN_HOLD_NS or self.learn_rows > LEARN_MAX_ROWS:
+            return True
+        held_syms = np.unique(np.concatenate([h.sym for h in self.held]))
+        return enough_to_learn(Recs.concat(self.learn_buf), held_syms)
 
     def _slotted(self, cohorts):
         if cohorts is not None:

@@ -2,7 +2,9 @@
 
 Training repeats the same ops every step, so a process's sequence of ops
 (communicator class, function, direction, size) is periodic. The period L is
-learned once from the first ops of a few processes; an op kind that occurs P
+learned from the first ops of a few processes that use a kind (once at the
+start, and again for kinds that appear later: a communicator created mid-run);
+an op kind that occurs P
 times per period then has P slots, and seq mod P says which one. Baselines
 (what is normal for this rank at this point of the step) are kept per slot, so
 an op that always follows heavier compute, or a rank that is always a bit late
@@ -41,13 +43,14 @@ def _symbols(r: Recs, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return full, r.sym[order]
 
 
-def learn_periods(r: Recs) -> dict[int, int]:
-    """Per op kind (`sym`): occurrences per step, voted over a few processes."""
+def learn_periods(r: Recs, syms: np.ndarray | None = None) -> dict[int, int]:
+    """Per op kind (`sym`): occurrences per step, voted over a few processes: for
+    each kind, the SAMPLE_PROCS processes with the most ops of it (so that a kind
+    only a few processes use, a communicator created later, is voted on by those
+    that use it, whoever else has more ops). `syms`: the kinds wanted (all)."""
     votes: dict[int, Counter] = {}
-    counts = np.bincount(r.proc)
-    procs = np.flatnonzero(counts)  # the processes present, ascending (as np.unique)
-    procs = procs[np.argsort(-counts[procs], kind="stable")][:SAMPLE_PROCS]
-    for p in procs:
+    wanted = np.unique(r.sym) if syms is None else np.asarray(syms)
+    for p in _sample_procs(r, wanted):
         idx = np.flatnonzero(r.proc == p)[:LEARN_OPS]
         full, kind = _symbols(r, idx)
         period = find_period(full)
@@ -56,12 +59,46 @@ def learn_periods(r: Recs) -> dict[int, int]:
         start = len(full) // 10
         for sym, c in Counter(kind[start : start + period].tolist()).items():
             votes.setdefault(sym, Counter())[c] += 1
-    return {sym: c.most_common(1)[0][0] for sym, c in votes.items()}
+    keep = set(wanted.tolist())
+    return {sym: c.most_common(1)[0][0] for sym, c in votes.items() if sym in keep}
 
 
-def enough_to_learn(r: Recs) -> bool:
-    counts = np.bincount(r.proc) if len(r) else np.zeros(0)
-    return bool(len(counts) and np.sort(counts)[-min(SAMPLE_PROCS, len(counts))] >= 256)
+def _sample_procs(r: Recs, syms: np.ndarray) -> list[int]:
+    """Per kind in syms, the SAMPLE_PROCS processes with the most ops of that kind
+    (ties by process), as one ascending list."""
+    sel = np.isin(r.sym, syms)
+    if not sel.any():
+        return []
+    n_p = int(r.proc.max()) + 1
+    key = r.sym[sel].astype(np.int64) * n_p + r.proc[sel]
+    pairs, counts = np.unique(key, return_counts=True)
+    sym, proc = pairs // n_p, pairs % n_p
+    order = np.lexsort((proc, -counts, sym))  # per kind: most ops first
+    sym, proc = sym[order], proc[order]
+    rank = np.arange(len(sym)) - np.searchsorted(sym, sym, side="left")
+    return sorted(set(proc[rank < SAMPLE_PROCS].tolist()))
+
+
+def enough_to_learn(r: Recs, syms: np.ndarray | None = None) -> bool:
+    """Enough ops to learn the kinds in syms (all): each kind's sampled processes
+    (up to SAMPLE_PROCS) have at least 256 ops each."""
+    if not len(r):
+        return False
+    wanted = np.unique(r.sym) if syms is None else np.asarray(syms)
+    sel = np.isin(r.sym, wanted)
+    n_p = int(r.proc.max()) + 1
+    pairs = np.unique(r.sym[sel].astype(np.int64) * n_p + r.proc[sel])
+    sym, proc = pairs // n_p, pairs % n_p
+    if len(np.unique(sym)) < len(wanted):
+        return False
+    ops = np.bincount(r.proc, minlength=n_p)[proc]
+    order = np.lexsort((-ops, sym))  # per kind: its processes, most ops first
+    sym, ops = sym[order], ops[order]
+    rank = np.arange(len(sym)) - np.searchsorted(sym, sym, side="left")
+    kind = np.searchsorted(np.unique(sym), sym)
+    n_of = np.bincount(kind)  # processes per kind
+    kth = rank == np.minimum(SAMPLE_PROCS, n_of[kind]) - 1
+    return bool(np.all(ops[kth] >= 256))
 
 
 class SlotMap:
@@ -75,6 +112,19 @@ class SlotMap:
         self._lut_off = np.zeros(0, dtype=np.int64)
         for sym, p in sorted((periods or {}).items()):
             self._add(sym, p)
+
+    def add(self, periods: dict[int, int]) -> None:
+        """Kinds learned later (a communicator created mid-run); known ones stay."""
+        for sym, p in sorted(periods.items()):
+            if sym not in self.period:
+                self._add(sym, p)
+
+    def unknown(self, sym: np.ndarray) -> np.ndarray:
+        """Whether each kind has no slots yet."""
+        inside = sym < len(self._lut_p)
+        out = ~inside
+        out[inside] = self._lut_p[sym[inside]] == 0
+        return out
 
     def _add(self, sym: int, p: int) -> None:
         self.period[sym] = max(1, int(p))

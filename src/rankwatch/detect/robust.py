@@ -53,31 +53,6 @@ def sorted_median(
     return out, has
 
 
-def weighted_group_median(
-    values: np.ndarray, weights: np.ndarray, gid: np.ndarray, n_groups: int
-) -> np.ndarray:
-    """group_median of a multiset given as distinct items with repeat counts: the
-    median of each group where value i counts weights[i] times (NaN for a group
-    without any). Sorts the items, not their copies."""
-    out = np.full(n_groups, np.nan)
-    keep = (weights > 0) & np.isfinite(values)
-    v, w, g = values[keep], weights[keep], gid[keep]
-    if not len(v):
-        return out
-    order = np.lexsort((v, g))
-    v, w, g = v[order], w[order], g[order]
-    total = np.bincount(g, weights=w, minlength=n_groups).astype(np.int64)
-    ends = np.cumsum(w)  # copies up to and including each item, over all groups
-    before = np.cumsum(total) - total  # copies of earlier groups
-    has = total > 0
-    lo = before[has] + (total[has] - 1) // 2  # ranks of the two middle copies
-    hi = before[has] + total[has] // 2
-    # the item holding copy k is the first whose running count exceeds k
-    a, b = np.searchsorted(ends, lo, side="right"), np.searchsorted(ends, hi, side="right")
-    out[has] = 0.5 * (v[a] + v[b])
-    return out
-
-
 def group_mad(values: np.ndarray, gid: np.ndarray, med: np.ndarray) -> np.ndarray:
     """Median absolute deviation from `med` per group (unscaled)."""
     return group_median(np.abs(values - med[gid]), gid, len(med))
@@ -231,3 +206,32 @@ def stable_order(key: np.ndarray, bound: int) -> np.ndarray:
         high = (key >> 16).astype(np.uint16)[order]
         return order[np.argsort(high, kind="stable")]
     return np.argsort(key, kind="stable")
+
+
+def segmented_ewma(x: np.ndarray, seg: np.ndarray, init: np.ndarray, alpha: float) -> np.ndarray:
+    """Exponentially weighted mean within segments, one update per element: the state
+    after each element, s = s + alpha * (x - s), in element order.
+
+    `seg` is non-decreasing (segments contiguous); `init[i]` is the state before
+    element i's segment began (read at each segment's first element; NaN: the
+    first element sets it). One update per element, not one per batch, keeps the
+    result independent of how a stream is cut into batches.
+
+    The recurrence s_k = a_k s_(k-1) + b_k is scanned by doubling (log steps over
+    whole arrays), and stops once beta**span is below 1e-18: what lies further
+    back no longer shows in double precision."""
+    n = len(x)
+    if not n:
+        return np.zeros(0)
+    beta = 1.0 - alpha
+    head = run_heads(seg)
+    a = np.where(head, 0.0, beta)
+    b = alpha * x
+    s0 = np.where(np.isfinite(init), init, x)
+    b[head] += beta * s0[head]
+    span = 1
+    while span < n and beta**span >= 1e-18:
+        b[span:] = b[span:] + a[span:] * b[:-span]
+        a[span:] = a[span:] * a[:-span]
+        span *= 2
+    return b

@@ -40,6 +40,9 @@ def _rel(col: str, t0: int) -> str:
 def ops_sql(t0: int) -> str:
     # An incomplete op (written before NCCL reported all its channels) still
     # counts in the communicator's order of ops (desync), but its GPU times do not.
+    # Stream order is by GPU end, but never before the op was issued: NCCL has
+    # reported CUDA-graph replays that end before their launch, and placing one
+    # there would count it ahead of ops issued before it.
     gpu = "CASE WHEN coalesce(o.complete, true) THEN {} END"
     times = ", ".join(
         f"{_rel(c, t0)} AS {a}"
@@ -60,7 +63,7 @@ FROM ops_aligned o
 JOIN rw_det_procs p ON p.host = o.host AND p.pid = o.pid
 JOIN rw_det_comms c ON c.comm_key = o.comm_key
 WHERE o.kind IN ('coll', 'p2p') AND o.seq IS NOT NULL
-ORDER BY coalesce(o.gpu_end_c, o.arrival_c), p.proc
+ORDER BY greatest(coalesce(o.gpu_end_c, o.arrival_c), o.arrival_c), p.proc
 """
 
 

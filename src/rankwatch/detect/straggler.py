@@ -35,6 +35,8 @@ the GPU start; gpu when the arrival stayed put and the GPU start moved.
 
 from __future__ import annotations
 
+import bisect
+
 import numpy as np
 
 from rankwatch.detect.base import Context, Culprit, Window
@@ -51,10 +53,10 @@ from rankwatch.detect.robust import (
     run_heads,
     run_lengths,
     run_tails,
+    segmented_ewma,
     sorted_median,
     stable_order,
     trailing_misses,
-    weighted_group_median,
 )
 from rankwatch.detect.topology import FUNCS
 from rankwatch.model import Finding
@@ -69,6 +71,7 @@ PERSIST_HINT = 3  # the late op of a cluster taken as its detection point
 SIGMA_EWMA = 0.2
 PAIR_EWMA = 0.05
 PAIR_LEARN = 8
+INLIER_PASSES = 8
 CAUSE_HITS = 8  # late ops per (rank, slot) that decide the cause
 Q_SCALE = 1 / 0.6745  # (median - lower quartile) -> standard deviation
 LOWER_SIDE_MIN = 8
@@ -136,6 +139,72 @@ def _reference(x: np.ndarray, group: np.ndarray, n_groups: int, count: np.ndarra
         np.fmin.at(lo, group, np.where(np.isfinite(x), x, np.inf))
         ref = np.where(count == 2, lo, ref)
     return ref
+
+
+def _state_before(
+    obs_key: np.ndarray, post: np.ndarray, query_key: np.ndarray, out: np.ndarray, n: int
+) -> None:
+    """out[i] = the state after the last observation of the same slot whose key is
+    below query_key[i] (keys are slot * n + position in the batch; obs_key
+    ascending); out keeps its value (the slot's state before the batch) where
+    there is none."""
+    if not len(obs_key):
+        return
+    pos = np.searchsorted(obs_key, query_key, side="left") - 1
+    ok = pos >= 0
+    ok[ok] = obs_key[pos[ok]] // n == query_key[ok] // n
+    out[ok] = post[pos[ok]]
+
+
+def _inlier_ewma(
+    x: np.ndarray, seg: np.ndarray, init: np.ndarray, alpha: float, floor: float
+) -> np.ndarray:
+    """segmented_ewma over the inliers only (x at most 3 times the scale before it,
+    or the floor), as one pass in order would take them; NaN for outliers.
+
+    Which observations are inliers depends on the scale, which depends on the
+    inliers: start from the scale each segment began with, and repeat until the
+    choice no longer changes (a couple of passes: the scale moves slowly);
+    should it not settle, walk the observations in order."""
+    prior = init.copy()
+    inl = np.zeros(len(x), dtype=bool)
+    for done in range(INLIER_PASSES):
+        now = x <= 3.0 * np.fmax(prior, floor)
+        if done and np.array_equal(now, inl):
+            break
+        inl = now
+        post = np.full(len(x), np.nan)
+        post[inl] = segmented_ewma(x[inl], seg[inl], init[inl], alpha)
+        prior = _priors(post, seg, init)
+    else:
+        return _inlier_ewma_walk(x, seg, init, alpha, floor)
+    return post
+
+
+def _priors(post: np.ndarray, seg: np.ndarray, init: np.ndarray) -> np.ndarray:
+    """Per element: the state before it (the last finite post of earlier elements of
+    its segment, else init)."""
+    n = len(post)
+    if not n:
+        return init.copy()
+    upto = np.maximum.accumulate(np.where(np.isfinite(post), np.arange(n), -1))
+    before = np.r_[-1, upto[:-1]]
+    ok = before >= group_starts(seg)
+    return np.where(ok, post[np.maximum(before, 0)], init)
+
+
+def _inlier_ewma_walk(
+    x: np.ndarray, seg: np.ndarray, init: np.ndarray, alpha: float, floor: float
+) -> np.ndarray:
+    post = np.full(len(x), np.nan)
+    cur, last = 0.0, None
+    for i in range(len(x)):
+        if seg[i] != last:
+            cur, last = float(init[i]), seg[i]
+        if x[i] <= 3.0 * max(cur, floor):
+            cur += alpha * (float(x[i]) - cur)
+            post[i] = cur
+    return post
 
 
 def _last(group: np.ndarray) -> np.ndarray:
@@ -349,45 +418,94 @@ class StragglerDetector:
         )
         ok &= (cnt >= cfg.min_cohort) | pair
         sig_c = scale[sg]
-        many = ok & ~pair
-        self._update_sigma(r.slot[many], sig_c[many], scale, sg[many], n_sg)
+        g_slot = np.zeros(n_sg, dtype=np.int64)
+        g_slot[sg] = r.slot
+        many_g = np.zeros(n_sg, dtype=bool)
+        many_g[sg[ok & ~pair]] = True
         # a cohort's own scale is noisy (a few ranks); the slot's typical scale is not
-        typical = self.sig_slot[r.slot]
+        typical = self._typical_scale(g_slot, scale, many_g)[sg]
         sigma = np.fmax(
             np.where(typical > 0, 0.5 * (np.nan_to_num(sig_c) + typical), sig_c), cfg.sigma_floor_ns
         )
         self._pair = pair
         if pair.any():
-            sigma = np.where(pair, self._pair_sigma(r.slot, dev, ok & pair), sigma)
+            sigma = np.where(pair, self._pair_sigma(r.slot, dev, ok & pair, sg, n_sg), sigma)
         excess = np.where(ok, dev, np.nan)
         return excess, sg, n_sg, sigma, ref, ok
 
-    def _pair_sigma(self, slot: np.ndarray, dev: np.ndarray, pair: np.ndarray) -> np.ndarray:
+    def _typical_scale(self, g_slot: np.ndarray, scale: np.ndarray, many: np.ndarray) -> np.ndarray:
+        """Per stats group: its slot's typical cohort scale from the cohorts before it
+        (0 while there are none): an EWMA over the slot's cohorts, one update per
+        cohort, so that neither the batch a cohort arrives in nor later cohorts
+        change how it is judged."""
+        n_sg = len(g_slot)
+        order = np.argsort(g_slot, kind="stable")  # by slot, then cohort order
+        obs = order[many[order] & np.isfinite(scale[order])]
+        prior = self.sig_slot[g_slot].copy()
+        if not len(obs):
+            return prior
+        o_slot = g_slot[obs]
+        init = self.sig_slot[o_slot]
+        post = segmented_ewma(scale[obs], o_slot, np.where(init > 0, init, np.nan), SIGMA_EWMA)
+        _state_before(o_slot * n_sg + obs, post, g_slot * n_sg + np.arange(n_sg), prior, n_sg)
+        tails = run_tails(o_slot)
+        self.sig_slot[o_slot[tails]] = post[tails]
+        return prior
+
+    def _pair_sigma(
+        self, slot: np.ndarray, dev: np.ndarray, pair: np.ndarray, sg: np.ndarray, n_sg: int
+    ) -> np.ndarray:
         """Sigma of pair cohorts: the slot's typical |difference| between the two
-        ranks (median |X1 - X0| is 0.954 sigma for normal noise): the median of its
-        first PAIR_LEARN observations (robust to warm-up steps), then updated only
-        by inliers, so that a straggler's own delays never become the scale that
-        hides it."""
+        ranks (median |X1 - X0| is 0.954 sigma for normal noise) before the cohort:
+        the running median of its first PAIR_LEARN observations (robust to warm-up
+        steps), then an EWMA, one update per cohort, of inliers only, so that a
+        straggler's own delays never become the scale that hides it."""
         floor = self.ctx.config.sigma_floor_ns
-        idx = np.flatnonzero(pair & (dev > 0))  # one per pair: the later rank's difference
-        if not len(idx):  # no pair differed in this batch: nothing to learn
-            return np.fmax(self.pair_sig[slot], floor)
-        idx = idx[np.argsort(slot[idx], kind="stable")]
-        s_all, est_all = slot[idx], np.abs(dev[idx]) / 0.954
-        bounds = np.flatnonzero(np.r_[True, s_all[1:] != s_all[:-1], True])
-        for a, b in zip(bounds[:-1], bounds[1:], strict=True):
-            s, est = int(s_all[a]), est_all[a:b]
+        recs = np.flatnonzero(pair)
+        out = np.fmax(self.pair_sig[slot], floor)
+        key = slot.astype(np.int64) * n_sg + sg
+        obs = np.flatnonzero(pair & (dev > 0))  # one per pair: the later rank's difference
+        obs = obs[np.argsort(key[obs], kind="stable")]
+        before = self.pair_sig.copy()
+        est = np.abs(dev[obs]) / 0.954
+        o_slot = slot[obs]
+        post = np.full(len(obs), np.nan)
+        learning = self._pair_learning(o_slot, est, post)
+        rest = np.flatnonzero(~learning)
+        if len(rest):
+            r_slot = o_slot[rest]
+            r_post = _inlier_ewma(est[rest], r_slot, self.pair_sig[r_slot], PAIR_EWMA, floor)
+            post[rest] = r_post  # NaN for outliers: they leave the scale as it was
+            kept = np.isfinite(r_post)
+            if kept.any():
+                k_slot = r_slot[kept]
+                tails = run_tails(k_slot)
+                self.pair_sig[k_slot[tails]] = r_post[kept][tails]
+        known = np.isfinite(post)
+        prior = before[slot[recs]]
+        _state_before(key[obs][known], post[known], key[recs], prior, n_sg)
+        out[recs] = np.fmax(prior, floor)
+        return out
+
+    def _pair_learning(self, o_slot: np.ndarray, est: np.ndarray, post: np.ndarray) -> np.ndarray:
+        """The observations that are among their slot's first PAIR_LEARN, with the
+        running median after each written to post; the slot's scale set from them."""
+        learning = np.zeros(len(o_slot), dtype=bool)
+        if not len(o_slot):
+            return learning
+        heads = np.flatnonzero(run_heads(o_slot))
+        ends = np.r_[heads[1:], len(o_slot)]
+        for h, e in zip(heads.tolist(), ends.tolist(), strict=True):
+            s = int(o_slot[h])
             seen = self.pair_learn.setdefault(s, [])
-            if len(seen) < PAIR_LEARN:
-                seen.extend(est[: PAIR_LEARN - len(seen)].tolist())
-                self.pair_sig[s] = float(np.median(seen))
+            if len(seen) >= PAIR_LEARN:
                 continue
-            cur = max(self.pair_sig[s], floor)
-            inl = est[est <= 3.0 * cur]
-            if len(inl):
-                w = 1.0 - (1.0 - PAIR_EWMA) ** len(inl)
-                self.pair_sig[s] += w * (float(np.median(inl)) - self.pair_sig[s])
-        return np.fmax(self.pair_sig[slot], floor)
+            for j in range(h, min(e, h + PAIR_LEARN - len(seen))):
+                seen.append(float(est[j]))
+                post[j] = float(np.median(seen))
+                learning[j] = True
+            self.pair_sig[s] = float(np.median(seen))
+        return learning
 
     @staticmethod
     def _host_excess(
@@ -430,26 +548,6 @@ class StragglerDetector:
             sel = np.flatnonzero(small[sg])
             out[small] = group_median(np.abs(dev[sel]), sg[sel], n_sg)[small]
         return out
-
-    def _update_sigma(
-        self, slot: np.ndarray, sig: np.ndarray, scale: np.ndarray, sg: np.ndarray, n_sg: int
-    ) -> None:
-        """EWMA of each slot's median cohort scale (over records: each stats group's
-        scale counts once per record of it, `sg`)."""
-        if not len(slot):
-            return
-        g_slot = np.full(n_sg, -1, dtype=np.int64)
-        g_slot[sg] = slot
-        if np.array_equal(g_slot[sg], slot):  # a group lies in one slot (as it should)
-            weight = np.bincount(sg, minlength=n_sg)
-            per = weighted_group_median(scale, weight, g_slot, len(self.sig_slot))
-        else:
-            per = group_median(sig, slot, len(self.sig_slot))
-        has = np.isfinite(per)
-        fresh = has & (self.sig_slot == 0)
-        self.sig_slot[fresh] = per[fresh]
-        upd = has & ~fresh
-        self.sig_slot[upd] += SIGMA_EWMA * (per[upd] - self.sig_slot[upd])
 
     # ------------------------------------------------------------------ baseline
     def _baseline(self, r: Recs, excess, sigma, ok) -> np.ndarray:
@@ -629,18 +727,32 @@ class StragglerDetector:
             _main_episode(cul)
 
     def _accumulate(self, r: Recs, z: np.ndarray) -> None:
-        known = self._known()
-        if not known:
+        """A culprit's own delay and late ops, from the op that first confirmed it on,
+        whether or not an episode is active: with anything less the numbers (and
+        whether a finding clears its threshold) would depend on where a stream was
+        cut into batches, since what precedes a confirmation lies in earlier
+        batches when records arrive in small ones. Each late op counts for the
+        latest episode confirmed before it."""
+        culprits = {p: cul for (p, kind), cul in self.ctx.culprits.items() if kind == LOCAL}
+        if not culprits:
             return
-        mine = np.isin(r.proc, known)
+        since = np.full(self.ctx.topo.n_procs, np.inf)
+        for p, cul in culprits.items():
+            since[p] = cul.extra["episodes"][0]["detected_ns"]
+        mine = r.arrival_c >= since[r.proc]
+        if not mine.any():
+            return
         own = np.bincount(r.proc[mine], weights=r.d_gap[mine], minlength=self.ctx.topo.n_procs)
-        for p in known:
-            cul = self.ctx.culprits[(p, LOCAL)]
+        for p in np.unique(r.proc[mine]).tolist():
+            cul = culprits[p]
             cul.extra["own_ns"] = cul.extra.get("own_ns", 0.0) + float(own[p])
         for i in np.flatnonzero(r.hit & mine).tolist():
-            cul = self.ctx.culprits[(int(r.proc[i]), LOCAL)]
+            cul = culprits[int(r.proc[i])]
             cul.hits += 1
-            cul.extra["episodes"][-1]["hits"] += 1
+            episodes = cul.extra["episodes"]
+            at = float(r.arrival_c[i])
+            k = bisect.bisect_right([e["detected_ns"] for e in episodes], at) - 1
+            episodes[max(k, 0)]["hits"] += 1
             times = cul.extra.setdefault("hit_at", [])
             if len(times) < MAX_HIT_TIMES:
                 times.append(
