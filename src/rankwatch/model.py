@@ -23,7 +23,7 @@ class Problem:
 
     file: str
     line: int | None
-    kind: str  # malformed_json, truncated, wrong_type, newer_schema, not_a_record, io, ...
+    kind: str  # malformed_json, truncated, wrong_type, bad_unicode, newer_schema, io, ...
     message: str
     repeats: int = 0  # further lines of the same kind in the same file, not listed one by one
 

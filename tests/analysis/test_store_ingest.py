@@ -151,6 +151,71 @@ def test_a_truncated_last_line_alone_keeps_the_fast_reader(sim, tmp_path) -> Non
     assert count(store, "files", f"path = '{path}' AND reader = 'duckdb'") == 1
 
 
+def _gzip_cut(path: Path, lines: list[str], keep: float) -> None:
+    """A gzip file of lines whose writer was killed: its first `keep` share of bytes."""
+    whole = gzip.compress(("\n".join(lines) + "\n").encode())
+    path.write_bytes(whole[: int(len(whole) * keep)])
+
+
+@pytest.mark.parametrize("native", ["1", "0"])
+def test_a_cut_gzip_stream_keeps_its_lines_and_the_other_files(
+    sim, tmp_path, monkeypatch, native
+) -> None:
+    # Given a job's files where one op file and one state file were gzipped by a
+    # writer that was killed (their streams end early), beside intact ones
+    monkeypatch.setenv("RANKWATCH_NATIVE", native)
+    job = sim("plain")
+    ops = first_op_lines(job, 600)
+    cut_ops = tmp_path / "host-pid1.log.gz"
+    _gzip_cut(cut_ops, ops, 0.6)
+    whole_ops = write_lines(tmp_path / "host-pid2.log", ops[:50])
+    state = sorted(job.glob("*.rwstate.jsonl"))[0].read_text().splitlines()
+    cut_state = tmp_path / "host-pid1.rwstate.jsonl.gz"
+    _gzip_cut(cut_state, state, 0.5)
+    with gzip.open(cut_ops) as stream:  # what Python's own reader gets before failing
+        readable = b""
+        with pytest.raises(EOFError):
+            while chunk := stream.read(1 << 12):
+                readable += chunk
+    # When the directory is ingested
+    store = ingest([tmp_path], progress=False)
+    # Then each cut file is reported once, at the line where its stream ends
+    found = sorted((Path(p.file).name, p.kind) for p in store.problems)
+    assert found == [(cut_ops.name, "truncated"), (cut_state.name, "truncated")]
+    assert all("ends early" in p.message for p in store.problems)
+    # and every whole line before the cut is loaded, as are the other files
+    loaded = count(store, "ops", f"source_file = '{cut_ops}'")
+    assert loaded >= readable.count(b"\n") > 0 and loaded < len(ops)
+    line = next(p.line for p in store.problems if p.file == str(cut_ops))
+    assert line == loaded + 1
+    assert count(store, "ops", f"source_file = '{whole_ops}'") == 50
+    state_rows = sum(
+        count(store, t, f"source_file = '{cut_state}'")
+        for t in ("comms", "progress", "clock", "stats")
+    )
+    assert 0 < state_rows < len(state)
+
+
+def test_a_lone_surrogate_escape_loses_one_string_not_the_file(sim, tmp_path) -> None:
+    # Given an op file where one line's communicator name holds a lone UTF-16
+    # surrogate escape (valid JSON text, rejected by DuckDB's UTF-8 reader)
+    good = first_op_lines(sim("plain"), 20)
+    odd = json.loads(good[5])
+    odd["header"]["comm_name"] = "tp\ud800x"
+    text = json.dumps(odd)
+    assert "\\ud800" in text
+    path = write_lines(tmp_path / "host-pid3.log", good[:5] + [text] + good[6:])
+    # When ingested
+    store = ingest([tmp_path], progress=False)
+    # Then that line is reported, the character replaced, and every line loaded
+    assert [(p.line, p.kind) for p in store.problems] == [(6, "bad_unicode")]
+    assert count(store, "ops", f"source_file = '{path}'") == 20
+    names = store.con.execute(
+        f"SELECT comm_name FROM ops WHERE source_file = '{path}' AND comm_name LIKE 'tp%x'"
+    ).fetchall()
+    assert names == [("tp\ufffdx",)]
+
+
 def test_newer_schema_is_rejected_naming_both_versions(sim, tmp_path) -> None:
     # Given an op file where some lines come from a newer plugin (schema 2)
     good = first_op_lines(sim("plain"), 5)

@@ -112,8 +112,10 @@ def _load_op_files(con: Any, files: list[RecordFile]) -> dict[str, load.OpFileCo
         return {}
     lean = [f.path for f in files if f.format == "rankwatch"]
     full = [f.path for f in files if f.format != "rankwatch"]
-    load.load_ops(con, lean, lean=True)
-    load.load_ops(con, full)
+    _, broken = load.without_unreadable(lean, lambda ps: load.load_ops(con, ps, lean=True))
+    _, also = load.without_unreadable(full, lambda ps: load.load_ops(con, ps))
+    broken += also
+    full = [p for p in full if p not in also]
     per_file = load.op_file_stats(con)
     mixed = [p for p in lean if per_file.get(p, load.OpFileCounts()).inspector]
     if mixed:
@@ -122,6 +124,8 @@ def _load_op_files(con: Any, files: list[RecordFile]) -> dict[str, load.OpFileCo
         full += mixed
         per_file = load.op_file_stats(con)
     load.load_dump_stats(con, full)
+    for path in broken:  # nothing of it loaded: the careful reader takes it
+        per_file[path] = load.OpFileCounts(unreadable=True)
     return per_file
 
 
@@ -179,10 +183,18 @@ def ingest_state(con: Any, files: list[RecordFile], log: ProblemLog, tmpdir: str
         return []
     with ThreadPoolExecutor(max_workers=1) as pool:
         counting = pool.submit(lambda: {f.path: count_lines(f) for f in files})
-        per_file = load.stage_state(con, [f.path for f in files])
+        staged, broken = load.without_unreadable(
+            [f.path for f in files], lambda ps: load.stage_state(con, ps)
+        )
         lines = counting.result()
-    redo = [f for f in files if not _verdict(f, *per_file.get(f.path, (0, 0)), lines[f.path], log)]
-    load.distribute_state(con, [f.path for f in redo])
+    per_file = staged or {}
+    redo = [
+        f
+        for f in files
+        if f.path in broken or not _verdict(f, *per_file.get(f.path, (0, 0)), lines[f.path], log)
+    ]
+    if staged is not None:
+        load.distribute_state(con, [f.path for f in redo])
     for f in redo:
         _careful(con, f, log, tmpdir)
     return [f.path for f in redo]

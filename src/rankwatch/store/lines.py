@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import json
 import os
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from rankwatch import schema
 from rankwatch.errors import RecordError, SchemaVersionError
-from rankwatch.store.discover import RecordFile, _open
+from rankwatch.store.discover import RecordFile
 from rankwatch.store.problems import ProblemLog
 
 try:  # orjson is optional: about 3x faster to decode
@@ -25,28 +26,71 @@ except ImportError:  # pragma: no cover - depends on the environment
     _loads = json.loads
 
 BLOCK = 1 << 24
+CUT_SHORT = (
+    "the compressed stream ends early (the writer stopped mid-file, e.g. the process was "
+    "killed): the lines before are kept, nothing after this point could be read"
+)
+
+
+class StreamCut(Exception):
+    """A gzip file that ends before its end-of-stream marker, or is damaged there."""
+
+
+def blocks(rf: RecordFile) -> Iterator[bytes]:
+    """The file's bytes, decompressed, in blocks; every byte a cut or damaged gzip
+    stream still holds comes out before StreamCut is raised (Python's gzip module
+    drops what it had buffered). Concatenated gzip members are read in turn."""
+    with open(rf.path, "rb") as raw:
+        if not rf.compressed:
+            while block := raw.read(BLOCK):
+                yield block
+            return
+        unzip, ended = zlib.decompressobj(wbits=31), True
+        while chunk := raw.read(BLOCK):
+            while chunk:
+                try:
+                    out = unzip.decompress(chunk)
+                except zlib.error as exc:
+                    raise StreamCut(str(exc)) from exc
+                if out:
+                    yield out
+                ended, chunk = unzip.eof, unzip.unused_data if unzip.eof else b""
+                if unzip.eof:
+                    unzip = zlib.decompressobj(wbits=31)
+        if not ended:
+            raise StreamCut("no end-of-stream marker")
 
 
 def count_lines(rf: RecordFile) -> tuple[int, bool]:
-    """(non-empty lines, whether the last line ends with a newline), streaming."""
+    """(non-empty lines, whether the last line ends with a newline), streaming; up to
+    the damage in a cut gzip stream."""
     newlines = empty = 0
     prev, first, ends_nl = b"\n", True, True
-    with _open(rf.path, rf.compressed) as stream:
-        while block := stream.read(BLOCK):
+    try:
+        for block in blocks(rf):
             newlines += block.count(b"\n")
             empty += block.count(b"\n\n") + (prev == b"\n" and block[:1] == b"\n" and not first)
             empty += first and block[:1] == b"\n"
             prev, first, ends_nl = block[-1:], False, block.endswith(b"\n")
+    except StreamCut:
+        pass
     total = newlines + (0 if ends_nl or first else 1)
     return total - empty, ends_nl or first
 
 
 def iter_lines(rf: RecordFile) -> Iterator[tuple[int, bytes, bool]]:
-    """(line number from 1, text without newline, whether it had a newline)."""
-    with _open(rf.path, rf.compressed) as stream:
-        for number, raw in enumerate(stream, start=1):
-            has_nl = raw.endswith(b"\n")
-            yield number, raw.rstrip(b"\r\n"), has_nl
+    """(line number from 1, text without newline, whether it had a newline). A cut
+    gzip stream raises StreamCut after its last whole line; the partial line it
+    ends with is not yielded (it is what the cut destroyed)."""
+    number, rest = 0, b""
+    for block in blocks(rf):
+        lines = (rest + block).split(b"\n")
+        rest = lines.pop()
+        for line in lines:
+            number += 1
+            yield number, line.rstrip(b"\r"), True
+    if rest:
+        yield number + 1, rest.rstrip(b"\r"), False
 
 
 @dataclass
@@ -103,6 +147,7 @@ class CleanFile:
 
     path: str
     lines: int = 0
+    seen: int = 0  # lines read (numbered from 1), good or bad
     by_role: dict[str, int] = field(default_factory=dict)
     extra_rows: list[dict[str, Any]] = field(default_factory=list)  # e.g. dump_stats
 
@@ -111,26 +156,61 @@ def clean_file(rf: RecordFile, check, log: ProblemLog, tmpdir: str) -> CleanFile
     """Read rf line by line with `check(obj) -> Verdict`; keep good lines in a temp file."""
     out = CleanFile(os.path.join(tmpdir, f"clean-{abs(hash(rf.path))}-{os.getpid()}.jsonl"))
     with open(out.path, "wb") as sink:
-        for number, text, has_nl in iter_lines(rf):
-            if not text.strip():
-                continue
-            obj, verdict = decode(text, has_nl)
-            verdict = verdict or check(obj)
-            if verdict.kind:
-                log.add(
-                    rf.path, number, verdict.kind, verdict.message, bad_line=verdict.record is None
-                )
-            if verdict.record is None:
-                continue
-            out.by_role[verdict.role] = out.by_role.get(verdict.role, 0) + 1
-            if verdict.role == "dump_stats":
-                out.extra_rows.append(verdict.record)
-            if verdict.role not in ("op", "state"):
-                continue
-            sink.write(json.dumps(verdict.record).encode() if verdict.repaired else text)
-            sink.write(b"\n")
-            out.lines += 1
+        try:
+            _clean_lines(rf, check, log, sink, out)
+        except StreamCut as exc:
+            log.add(rf.path, out.seen + 1, "truncated", f"{CUT_SHORT} ({exc})")
     return out
+
+
+def _clean_lines(rf: RecordFile, check, log: ProblemLog, sink, out: CleanFile) -> None:
+    for number, text, has_nl in iter_lines(rf):
+        out.seen = number
+        if not text.strip():
+            continue
+        obj, verdict = decode(text, has_nl)
+        if verdict is None and (b"\\ud" in text or b"\\uD" in text):
+            obj, text = _lone_surrogates(obj, text, rf.path, number, log)
+        verdict = verdict or check(obj)
+        if verdict.kind:
+            log.add(rf.path, number, verdict.kind, verdict.message, bad_line=verdict.record is None)
+        if verdict.record is None:
+            continue
+        out.by_role[verdict.role] = out.by_role.get(verdict.role, 0) + 1
+        if verdict.role == "dump_stats":
+            out.extra_rows.append(verdict.record)
+        if verdict.role not in ("op", "state"):
+            continue
+        sink.write(json.dumps(verdict.record).encode() if verdict.repaired else text)
+        sink.write(b"\n")
+        out.lines += 1
+
+
+LONE_SURROGATE = (
+    "a string holds a lone UTF-16 surrogate (a \\udXXX escape without its pair), which no "
+    "UTF-8 reader accepts: replaced by U+FFFD"
+)
+
+
+def _lone_surrogates(obj: Any, text: bytes, path: str, number: int, log: ProblemLog):
+    """(obj, text) with lone surrogates in strings replaced (reported once), else as
+    they were: JSON decoders accept them, DuckDB's reader rejects the whole file."""
+    fixed = _replace_surrogates(obj)
+    if fixed == obj:
+        return obj, text
+    log.add(path, number, "bad_unicode", LONE_SURROGATE)
+    return fixed, json.dumps(fixed).encode()
+
+
+def _replace_surrogates(value: Any) -> Any:
+    if isinstance(value, str):
+        # pairs become their character; a surrogate alone becomes U+FFFD
+        return value.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+    if isinstance(value, dict):
+        return {_replace_surrogates(k): _replace_surrogates(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_replace_surrogates(v) for v in value]
+    return value
 
 
 def schema_verdict(obj: dict[str, Any]) -> Verdict | None:

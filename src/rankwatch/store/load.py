@@ -9,8 +9,11 @@ need the careful line-by-line reader.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
+
+import duckdb
 
 from rankwatch import schema
 from rankwatch.store.tables import (
@@ -57,6 +60,32 @@ def op_projection(source: str, lean: bool, given: dict[str, str] | None = None) 
     return ", ".join(parts)
 
 
+T = TypeVar("T")
+
+
+def without_unreadable(
+    paths: list[str], load: Callable[[list[str]], T]
+) -> tuple[T | None, list[str]]:
+    """load(paths), leaving out the files DuckDB cannot read to their end (a gzip
+    stream cut short by a killed writer fails the whole multi-file scan, and the
+    statement with it): each time the error names one of the files, that file is
+    left out and the rest loaded again. Returns load's result (None when no file
+    was left) and the files left out, for the careful reader, which keeps their
+    lines up to the damage."""
+    todo, left_out = list(paths), []
+    while todo:
+        try:
+            return load(todo), left_out
+        except duckdb.Error as exc:
+            named = [p for p in todo if p in str(exc)]
+            if not named:
+                raise
+            bad = max(named, key=len)  # a path may begin another's name
+            todo.remove(bad)
+            left_out.append(bad)
+    return None, left_out
+
+
 def load_ops(
     con: Any, paths: list[str], lenient: bool = True, source: str = "filename", lean: bool = False
 ) -> None:
@@ -101,10 +130,13 @@ class OpFileCounts:
     other: int = 0  # decoded lines that are not op, dump_stats or proxy records
     inspector: int = 0  # Inspector records (matters for files read the lean way)
     extra: int = 0  # dump_stats and proxy records
+    unreadable: bool = False  # DuckDB could not read it to the end (see without_unreadable)
 
     @property
     def clean(self) -> bool:
-        return not (self.null_keys or self.newer or self.undecodable or self.other)
+        return not (
+            self.null_keys or self.newer or self.undecodable or self.other or self.unreadable
+        )
 
 
 def op_file_stats(con: Any) -> dict[str, OpFileCounts]:
