@@ -150,3 +150,28 @@ def test_findings_do_not_depend_on_how_the_records_are_batched(name: str) -> Non
     whole = key(1 << 20)
     assert key(61) == whole
     assert key(1009) == whole
+
+
+def test_inspector_only_logs_of_a_two_rank_job_say_what_cannot_be_told(tmp_path: Path) -> None:
+    """The same real job as NCCL Inspector would log it (no rankwatch fields: sequence
+    numbers, durations and bandwidth, no per-op timestamps): analysed without error,
+    no finding invented, and the report says why ranks cannot be compared."""
+    import subprocess
+    import sys
+
+    for path in sorted((RUNS / "ddp-gpu" / "dump").glob("*.log.gz")):
+        out = tmp_path / path.name.removesuffix(".gz")
+        with gzip.open(path, "rt") as src, out.open("w") as dst:
+            for line in src:
+                record = json.loads(line)
+                record.pop("rankwatch", None)
+                dst.write(json.dumps(record) + "\n")
+    summary = analyze((tmp_path,), store=None, quiet=True)
+    assert summary["job"]["formats"] == {"inspector": summary["job"]["op_records"]}
+    assert summary["job"]["ranks"] == 2 and summary["findings"] == []
+    done = subprocess.run(
+        [sys.executable, "-m", "rankwatch", "analyze", str(tmp_path)],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "Late ranks: cannot be told (the records carry no per-op timestamps" in done.stdout

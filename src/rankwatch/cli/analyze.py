@@ -87,6 +87,11 @@ def _lateness(times: int | None, caused: float | None, mean: float | None, what:
 
 def _late_lines(s: dict[str, Any]) -> list[str]:
     late = s["late_ranks"]
+    if not late and s["job"].get("time_span_s") is None and s["job"].get("op_records"):
+        return [
+            "Late ranks: cannot be told (the records carry no per-op timestamps, e.g. "
+            "Inspector logs without event traces: durations and bandwidth only)."
+        ]
     if not late:
         return ["Late ranks: none (no collective was seen by more than one rank)."]
     lines = [
