@@ -114,8 +114,9 @@ def command(
         state=StateConfig(max_jobs=max_jobs, max_ranks_series=max_rank_series),
         ready_file=ready_file,
     )
+    feeds = []
     if nats_url:
-        from rankwatch.serve.nats_worker import NatsMonitor
+        from rankwatch.serve.nats_worker import nats_feed
 
-        raise SystemExit(NatsMonitor(cfg, nats_url, queue_group).run())
-    raise SystemExit(Monitor(cfg).run())
+        feeds.append(nats_feed(nats_url, queue_group))
+    raise SystemExit(Monitor(cfg, feeds=feeds).run())

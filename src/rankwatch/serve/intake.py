@@ -125,6 +125,11 @@ class Intake:
                 self._fast_bytes += len(lines.state)
         self._ready.set()
 
+    def count_dropped(self, reason: str, n: int) -> None:
+        """Records lost before they reached this intake (e.g. shed by an agent)."""
+        with self._lock:  # the processing thread reads these counters
+            _add(self.counters.dropped, reason, n)
+
     def take_fast(self) -> list[Chunk]:
         """Every state line queued since the last call (copies; see module doc)."""
         with self._lock:

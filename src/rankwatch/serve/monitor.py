@@ -20,9 +20,10 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, Protocol, TextIO
 
 from rankwatch.errors import ConfigError
 from rankwatch.serve.alerts import Alerts, describe
@@ -62,17 +63,40 @@ def parse_http(text: str) -> tuple[str, int]:
     return (host.strip("[]") or "127.0.0.1"), int(port)
 
 
-class Monitor:
-    """See module doc."""
+class Feed(Protocol):
+    """A source of records besides the stream listeners and file watchers (the NATS
+    subscriptions of a scale-out worker): it puts what it receives into the Intake
+    it was made with, and runs on the monitor's event loop."""
 
-    def __init__(self, cfg: MonitorConfig, out: TextIO | None = None, err: TextIO | None = None):
+    section: str  # its entry in the snapshot's "monitor" section (stats())
+
+    async def start(self) -> None: ...  # connect; a ConfigError stops the monitor
+
+    async def run(self) -> None: ...  # until cancelled
+
+    async def close(self) -> None: ...
+
+    def stats(self) -> dict[str, Any]: ...
+
+
+class Monitor:
+    """See module doc. `feeds`: makers of further sources, each given the Intake."""
+
+    def __init__(
+        self,
+        cfg: MonitorConfig,
+        out: TextIO | None = None,
+        err: TextIO | None = None,
+        feeds: Sequence[Callable[[Intake], Feed]] = (),
+    ) -> None:
         self.cfg = cfg
         self.out = out or sys.stdout
         self.err = err or sys.stderr
         self.addresses = [parse_address(a) for a in cfg.listen]
         self.http = parse_http(cfg.http) if cfg.http else None
-        self._check_safety()
+        self._check_safety(has_feeds=bool(feeds))
         self.intake = Intake(cfg.intake_bytes)
+        self.feeds = [make(self.intake) for make in feeds]
         self.parquet = ParquetSink(cfg.parquet) if cfg.parquet else None
         self.state: LiveState | None = None
         self.alerts = Alerts(cfg.webhook, self.out)
@@ -86,14 +110,14 @@ class Monitor:
         self._shed = 0  # intake drops already told to the jobs
         self.final: list = []
 
-    def _check_safety(self) -> None:
+    def _check_safety(self, has_feeds: bool) -> None:
         if self.http and not is_loopback(self.http[0]) and not self.cfg.token:
             raise ConfigError(
                 f"HTTP on {self.http[0]} is not loopback: set a shared token (--token or "
                 "RANKWATCH_COLLECTOR_TOKEN); scrapers send it as a bearer token",
                 field="--http",
             )
-        if not self.addresses and not self.cfg.watch:
+        if not self.addresses and not self.cfg.watch and not has_feeds:
             raise ConfigError("nothing to monitor: give --listen and/or --watch")
 
     # ------------------------------------------------------------------ running
@@ -124,6 +148,9 @@ class Monitor:
         return 0
 
     async def _start(self, tasks: list[asyncio.Task]) -> None:
+        for feed in self.feeds:
+            await feed.start()
+            tasks.append(asyncio.create_task(feed.run()))
         bound = [str(await self.server.listen(a)) for a in self.addresses]
         url = None
         if self.http:
@@ -144,6 +171,8 @@ class Monitor:
             _write_atomic(self.cfg.ready_file, json.dumps(self.endpoints))
 
     async def _shutdown(self, tasks: list[asyncio.Task]) -> None:
+        for feed in self.feeds:
+            await feed.close()
         await self.server.close()
         for t in tasks:
             t.cancel()
@@ -247,7 +276,10 @@ class Monitor:
         if self.parquet is not None:
             transport["parquet"] = dict(self.parquet.written)
             transport["parquet_dropped"] = self.parquet.dropped
-        self._snapshot = self.state.snapshot(self.intake, transport)
+        snapshot = self.state.snapshot(self.intake, transport)
+        for feed in self.feeds:
+            snapshot["monitor"][feed.section] = feed.stats()
+        self._snapshot = snapshot  # one assignment: HTTP threads read it whole
 
     def snapshot(self) -> dict[str, Any]:
         return self._snapshot

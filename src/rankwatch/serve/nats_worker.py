@@ -27,7 +27,6 @@ from typing import Any
 
 from rankwatch.errors import ConfigError
 from rankwatch.serve.intake import Intake, Source
-from rankwatch.serve.monitor import Monitor, MonitorConfig
 from rankwatch.serve.nats_bus import (
     DEFAULT_BUCKETS,
     DEFAULT_GROUP,
@@ -58,7 +57,9 @@ class FeedCounters:
 
 
 class NatsFeed:
-    """Subscriptions of one worker, feeding one Intake (see module doc)."""
+    """Subscriptions of one worker, feeding one Intake (see module doc); a monitor.Feed."""
+
+    section = "nats"
 
     def __init__(
         self, url: str, group: str, intake: Intake, buckets: int = DEFAULT_BUCKETS,
@@ -175,9 +176,7 @@ class NatsFeed:
         new = lost - self._lost.get(key, 0)
         if new > 0:
             self._lost[key] = lost
-            with self.intake._lock:  # the processing thread reads these counters
-                d = self.intake.counters.dropped
-                d["upstream_dropped"] = d.get("upstream_dropped", 0) + new
+            self.intake.count_dropped("upstream_dropped", new)
 
     @staticmethod
     def _source(key: tuple, h: dict[str, Any]) -> Source:
@@ -218,35 +217,6 @@ class NatsFeed:
         }  # fmt: skip
 
 
-class NatsMonitor(Monitor):
-    """The monitor with a NatsFeed besides (or instead of) its listeners; the hook is
-    four overridden steps, the LiveState and everything after it are the monitor's."""
-
-    def __init__(self, cfg: MonitorConfig, nats: str, group: str = DEFAULT_GROUP,
-                 buckets: int = DEFAULT_BUCKETS) -> None:  # fmt: skip
-        self.nats_url = nats
-        super().__init__(cfg)
-        self.feed = NatsFeed(nats, group, self.intake, buckets)
-
-    def _check_safety(self) -> None:
-        # the feed is a source: the parent's "nothing to monitor" rule must not fire,
-        # every other rule (HTTP off loopback needs a token) still holds
-        saved = self.addresses
-        self.addresses = saved or [self.nats_url]  # type: ignore[list-item]
-        try:
-            super()._check_safety()
-        finally:
-            self.addresses = saved
-
-    async def _start(self, tasks: list[asyncio.Task]) -> None:
-        await self.feed.start()
-        tasks.append(asyncio.create_task(self.feed.run()))
-        await super()._start(tasks)
-
-    async def _shutdown(self, tasks: list[asyncio.Task]) -> None:
-        await self.feed.close()
-        await super()._shutdown(tasks)
-
-    def _publish(self) -> None:
-        super()._publish()
-        self._snapshot["monitor"]["nats"] = self.feed.stats()
+def nats_feed(url: str, group: str = DEFAULT_GROUP, buckets: int = DEFAULT_BUCKETS):
+    """A maker of this worker's NatsFeed, for Monitor(cfg, feeds=[...])."""
+    return lambda intake: NatsFeed(url, group, intake, buckets)
