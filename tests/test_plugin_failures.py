@@ -53,21 +53,10 @@ def test_file_size_limit_turns_output_off_and_keeps_what_was_written(tmp_path: P
 def test_sigkill_loses_at_most_the_last_drain_period(tmp_path: Path) -> None:
     # Given a long-running job recording with the default 20 ms drain period
     proc = subprocess.Popen(
-        [
-            str(driver_binary()),
-            "--scenario",
-            "job",
-            "--nranks",
-            "1",
-            "--steps",
-            "100000",
-            "--interval-sleep-us",
-            "200",
-            str(plugin_path()),
-        ],
+        [str(driver_binary()), "--scenario", "job", "--nranks", "1", "--steps", "100000",
+         "--interval-sleep-us", "200", str(plugin_path())],
         env={**os.environ, "RANKWATCH_DUMP_DIR": str(tmp_path)},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
     time.sleep(1.0)
     # When it is killed without any chance to flush
@@ -87,22 +76,10 @@ def test_sigkill_loses_at_most_the_last_drain_period(tmp_path: Path) -> None:
 def test_progress_records_keep_coming_while_the_job_hangs(tmp_path: Path) -> None:
     # Given a rank that enqueues an op whose kernel never starts, then hangs
     proc = subprocess.Popen(
-        [
-            str(driver_binary()),
-            "--scenario",
-            "job",
-            "--nranks",
-            "1",
-            "--steps",
-            "50",
-            "--hang-at-step",
-            "3",
-            str(plugin_path()),
-        ],
+        [str(driver_binary()), "--scenario", "job", "--nranks", "1", "--steps", "50",
+         "--hang-at-step", "3", str(plugin_path())],
         env={**os.environ, "RANKWATCH_DUMP_DIR": str(tmp_path), "RANKWATCH_INTERVAL_MS": "100"},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
     )
     try:
         summary = json.loads(proc.stdout.readline())
@@ -138,7 +115,8 @@ def test_inspector_variables_are_honoured(tmp_path: Path) -> None:
     assert records
     assert all("coll_perf" in r for r in records)
     assert all(r["coll_perf"]["coll_msg_size_bytes"] >= 1 << 20 for r in records)
-    stats = [r for f in dump.glob("*.rwstate.jsonl") for r in load_jsonl(f) if r["kind"] == "stats"]
+    stats = [r for f in dump.glob("*.rwstate.jsonl") for r in load_jsonl(f)
+             if r["kind"] == "stats"]
     assert stats[-1]["filtered_min_size"] > 0
 
 
@@ -150,23 +128,10 @@ def test_disabled_plugin_writes_nothing(tmp_path: Path) -> None:
 
 def test_sampled_gpu_timing_records_every_op_and_times_some(tmp_path: Path) -> None:
     # Given GPU timing in 20 ms windows every 100 ms, ops every 0.5 ms for ~1.6 s
-    env = {
-        "RANKWATCH_GPU_TIMING": "sampled",
-        "RANKWATCH_SAMPLE_PERIOD_MS": "100",
-        "RANKWATCH_SAMPLE_WINDOW_MS": "20",
-    }
-    run = run_driver(
-        tmp_path,
-        "--scenario",
-        "job",
-        "--nranks",
-        "1",
-        "--steps",
-        "800",
-        "--interval-sleep-us",
-        "500",
-        env=env,
-    )
+    env = {"RANKWATCH_GPU_TIMING": "sampled", "RANKWATCH_SAMPLE_PERIOD_MS": "100",
+           "RANKWATCH_SAMPLE_WINDOW_MS": "20"}
+    run = run_driver(tmp_path, "--scenario", "job", "--nranks", "1", "--steps", "800",
+                     "--interval-sleep-us", "500", env=env)
     assert run.returncode == 0, run.stderr
     records = run.op_records()
     # Then every op has a record, and about a fifth of them carry GPU times
@@ -205,10 +170,7 @@ def test_a_forked_child_exits_at_once(tmp_path: Path) -> None:
     proc = subprocess.run(
         [sys.executable, "-c", FORK_SCRIPT, str(plugin_path())],
         env={**os.environ, "RANKWATCH_DUMP_DIR": str(tmp_path)},
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
+        capture_output=True, text=True, timeout=60, check=True,
     )
     seconds, status = proc.stdout.split()
     # Then the child, which has no writer thread, does not wait for one at exit

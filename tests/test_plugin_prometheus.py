@@ -16,23 +16,14 @@ def _families(dump: Path) -> dict:
 
 
 def test_textfile_has_base_unit_counters_and_inspector_gauges(tmp_path: Path) -> None:
-    run = run_driver(
-        tmp_path,
-        "--scenario",
-        "basic",
-        "--ops",
-        "20",
-        env={"RANKWATCH_PROM": "1", "RANKWATCH_JOB_ID": "job7"},
-    )
+    run = run_driver(tmp_path, "--scenario", "basic", "--ops", "20",
+                     env={"RANKWATCH_PROM": "1", "RANKWATCH_JOB_ID": "job7"})
     assert run.returncode == 0, run.stderr
     families = _families(tmp_path)
     # rankwatch's own metrics: counters in base units (the parser drops _total)
     assert families["rankwatch_ops"].type == "counter"
-    ops = {
-        s.labels["op"]: s.value
-        for s in families["rankwatch_ops"].samples
-        if s.name == "rankwatch_ops_total"
-    }
+    ops = {s.labels["op"]: s.value for s in families["rankwatch_ops"].samples
+           if s.name == "rankwatch_ops_total"}
     issued = run.summary["comms"][0]["colls"]
     assert ops == {func: float(n) for func, n in issued.items() if n}
     payload = families["rankwatch_op_payload_bytes"].samples

@@ -38,7 +38,9 @@ def test_p2p_ops_are_recorded_per_peer_with_matching_order(tmp_path: Path) -> No
                 # The per (peer, direction) order counts from 0 without gaps
                 assert sorted(m["seq"] for m in mine) == list(range(n))
         self_ops = sum(comm["p2p_self"].values())
-        self_records = [r for r in records if r["p2p_perf"]["p2p_peer"] == comm["rank"]]
+        self_records = [
+            r for r in records if r["p2p_perf"]["p2p_peer"] == comm["rank"]
+        ]
         # NCCL gives P2P with the rank itself no channel events: recorded, not GPU-timed
         assert len(self_records) == self_ops
         assert all(not r["rankwatch"]["gpu_timed"] for r in self_records)
@@ -89,11 +91,8 @@ def test_bandwidth_follows_the_nccl_tests_factors(tmp_path: Path) -> None:
             continue
         secs = r["rankwatch"]["exec_time_ns"] / 1e9
         traffic = perf["coll_msg_size_bytes"]
-        factor = {
-            "AllReduce": 2 * (n - 1) / n,
-            "AllGather": (n - 1) / n,
-            "ReduceScatter": (n - 1) / n,
-        }.get(perf["coll"], 1)
+        factor = {"AllReduce": 2 * (n - 1) / n, "AllGather": (n - 1) / n,
+                  "ReduceScatter": (n - 1) / n}.get(perf["coll"], 1)
         if perf["coll"] in ("AllGather", "ReduceScatter"):
             traffic *= n
         assert perf["coll_algobw_gbs"] == pytest.approx(traffic / 1e9 / secs, rel=1e-4)
@@ -108,9 +107,8 @@ def test_graph_replays_are_recorded_from_the_callback_thread(tmp_path: Path) -> 
     assert sum(c["graph_replays"] for c in run.summary["comms"]) == 10
     assert len(replays) == 5 * (1 + 3)
     # Replays have no application call: their arrival is NCCL's host callback
-    assert all(
-        r["api_start_ns"] is None and r["arrival_ns"] == r["enqueue_start_ns"] for r in replays
-    )
+    assert all(r["api_start_ns"] is None and r["arrival_ns"] == r["enqueue_start_ns"]
+               for r in replays)
     assert recorded_colls(run.op_records()) == issued_colls(run.summary)
 
 
@@ -168,10 +166,8 @@ def test_ops_cut_off_by_an_abort_are_written_as_incomplete(tmp_path: Path) -> No
 
 @pytest.mark.skipif(not CAPTURES.is_dir(), reason="real NCCL captures not available")
 @pytest.mark.parametrize(
-    "capture",
-    sorted(p.relative_to(CAPTURES).as_posix() for p in CAPTURES.glob("*/*.txt.gz"))
-    if CAPTURES.is_dir()
-    else [],
+    "capture", sorted(p.relative_to(CAPTURES).as_posix() for p in CAPTURES.glob("*/*.txt.gz"))
+    if CAPTURES.is_dir() else [],
 )
 def test_real_nccl_captures_replay_into_complete_records(tmp_path: Path, capture: str) -> None:
     # Given a callback sequence real NCCL 2.28.9 made on an H200

@@ -152,7 +152,8 @@ def _problem_lines(s: dict[str, Any]) -> list[str]:
 
 
 def render_text(summary: dict[str, Any]) -> str:
-    sections = [_job_lines, _comm_lines, _clock_lines, _late_lines, _finding_lines, _problem_lines]
+    sections = [_job_lines, _comm_lines, _clock_lines, _late_lines, _finding_lines,
+                _problem_lines]
     return "\n".join(line for section in sections for line in section(summary)) + "\n"
 
 

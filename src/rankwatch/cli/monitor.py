@@ -62,20 +62,10 @@ DEFAULT_HTTP = "127.0.0.1:9470"
     help="Per-rank metric series for jobs up to this many ranks (larger jobs: the latest).",
 )
 @ready_file_option
-@click.option(
-    "--nats",
-    "nats_url",
-    default=None,
-    metavar="URL",
-    help="Also take records from `rankwatch agent`s via NATS (docs/scale.md).",
-)
-@click.option(
-    "--queue-group",
-    default="rankwatch",
-    show_default=True,
-    metavar="G",
-    help="With --nats: workers of one group split the communicators.",
-)
+@click.option("--nats", "nats_url", default=None, metavar="URL",
+              help="Also take records from `rankwatch agent`s via NATS (docs/scale.md).")
+@click.option("--queue-group", default="rankwatch", show_default=True, metavar="G",
+              help="With --nats: workers of one group split the communicators.")
 def command(
     listen: tuple[str, ...],
     watch: tuple[Path, ...],

@@ -39,36 +39,15 @@ class FakeJob:
 
 def _rank_args(job: FakeJob, rank: int, rendezvous: Path) -> list[str]:
     args = [
-        str(driver_path()),
-        "--scenario",
-        "job",
-        "--rank",
-        str(rank),
-        "--nranks",
-        str(job.ranks),
-        "--comm-id",
-        job.comm_id,
-        "--steps",
-        str(job.steps),
-        "--rendezvous",
-        str(rendezvous),
-        "--interval-sleep-us",
-        str(job.step_pause_us),
-        "--comm-name",
-        "world",
+        str(driver_path()), "--scenario", "job", "--rank", str(rank),
+        "--nranks", str(job.ranks), "--comm-id", job.comm_id, "--steps", str(job.steps),
+        "--rendezvous", str(rendezvous), "--interval-sleep-us", str(job.step_pause_us),
+        "--comm-name", "world",
     ]
     s = job.straggler
     if s is not None:
-        args += [
-            "--slow-rank",
-            str(s.rank),
-            "--slow-from-step",
-            str(s.from_step),
-            "--slow-cause",
-            s.cause,
-            "--slow-us",
-            str(s.delay_us),
-        ]
+        args += ["--slow-rank", str(s.rank), "--slow-from-step", str(s.from_step),
+                 "--slow-cause", s.cause, "--slow-us", str(s.delay_us)]
     return [*args, str(plugin_path())]
 
 
@@ -78,13 +57,8 @@ def run_fake_job(job: FakeJob, dump_dir: Path, timeout_s: float = 300) -> None:
     env = {**os.environ, "RANKWATCH_DUMP_DIR": str(dump_dir), "RANKWATCH_JOB_ID": job.job_id}
     with tempfile.TemporaryDirectory(prefix="rankwatch-rdv-") as rdv:
         procs = [
-            subprocess.Popen(
-                _rank_args(job, rank, Path(rdv)),
-                env=env,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.PIPE,
-                text=True,
-            )
+            subprocess.Popen(_rank_args(job, rank, Path(rdv)), env=env,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
             for rank in range(job.ranks)
         ]
         failures = []
