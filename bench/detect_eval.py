@@ -72,6 +72,7 @@ def _big(ranks: int, steps: int, seed: int, hosts: int, **kw) -> SimConfig:
 LARGE: list[Scenario] = [
     Scenario("healthy_256", _big(256, 30, 101, 32, tp=8, pp=2)),
     Scenario("healthy_noise_256", _big(256, 30, 102, 32, tp=4), Extra(heavy_noise=True)),
+    Scenario("healthy_noise_long_64", _big(64, 300, 111, 8, tp=4), Extra(heavy_noise=True)),
     Scenario(
         "rotating_random_256",
         _big(256, 30, 103, 32, tp=8),

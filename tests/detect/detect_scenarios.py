@@ -515,6 +515,9 @@ SUITE: list[Scenario] = [
     Scenario("healthy_tp_pp_16", _cfg(16, 50, 12, tp=2, pp=2)),
     Scenario("healthy_noise_8", _cfg(8, 60, 13), Extra(heavy_noise=True)),
     Scenario("healthy_noise_tp_pp_16", _cfg(16, 50, 14, tp=2, pp=2), Extra(heavy_noise=True)),
+    # a long job with rare heavy stalls (1 % of ops, up to 20x): two in a row at one op
+    # of one rank happen here, so two late steps are not enough to fire (persist = 3)
+    Scenario("healthy_noise_long_8", _cfg(8, 1200, 43), Extra(heavy_noise=True)),
     Scenario("healthy_4hosts_tp4_32", _cfg(32, 40, 15, tp=4, hosts=4)),
     Scenario("rotating_host_8", _cfg(8, 60, 16), Extra(rotating=Rotating(700, "host"))),
     Scenario("rotating_gpu_tp_16", _cfg(16, 50, 17, tp=2), Extra(rotating=Rotating(700, "gpu"))),
