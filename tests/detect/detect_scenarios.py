@@ -59,6 +59,8 @@ class Extra:
     fixed_late_us: tuple[tuple[int, float, str], ...] = ()  # (rank, us, cause) from step 0
     heavy_noise: bool = False
     hang_class: str = "not_enqueued"  # how cfg.hang's rank hangs
+    # (rank, us, cause, from_step, to_step): slow only in [from_step, to_step)
+    bursts: tuple[tuple[int, float, str, int, int], ...] = ()
 
 
 class HeavyNoise(Noise):
@@ -115,6 +117,9 @@ def _engine_class(extra: Extra) -> type[Engine]:
                     us[f.rank] += f.us
             for rank, late, c in extra.fixed_late_us:
                 if c == cause:
+                    us[rank] += late
+            for rank, late, c, begin, end in extra.bursts:
+                if c == cause and begin <= step < end:
                     us[rank] += late
             rot = extra.rotating
             if rot is not None and rot.cause == cause and self.rotation[step] >= 0:

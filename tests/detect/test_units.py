@@ -287,3 +287,28 @@ def test_memory_is_bounded_by_the_window(slow_run: Path) -> None:
     held = held[len(held) // 2 :]  # once the step period is learned
     total = run.count("ops")
     assert max(held) < 0.25 * total
+
+
+def test_a_rank_slow_on_and_off_has_the_same_episodes_in_any_batching(tmp_path: Path) -> None:
+    """Rank 3 is slow for 20 steps, recovers for 30, is slow again for 40: two episodes,
+    the finding starting at the longer one, whether the records come in one batch (as
+    `analyze` reads them) or in small ones (as a live monitor gets them)."""
+    import dataclasses
+
+    from detect_scenarios import Extra, _cfg, _patched
+
+    cfg = _cfg(8, 120, 51)
+    extra = Extra(bursts=((3, 2500.0, "gpu", 20, 40), (3, 2500.0, "gpu", 70, 110)))
+    with _patched(extra):
+        simulate(dataclasses.replace(cfg, workers=1), tmp_path / "job")
+    run, clock = _aligned(tmp_path / "job")
+
+    def key(batch: int) -> list[tuple]:
+        found = detect(run, clock, batch=batch)
+        return [(f.kind, f.rank, f.cause, f.since.seq, f.evidence.get("episodes")) for f in found]
+
+    whole = key(1 << 20)
+    assert [k[:3] for k in whole] == [("straggler", 3, "gpu")]
+    assert whole[0][4] == 2
+    assert key(997) == whole
+    assert key(61) == whole

@@ -281,18 +281,17 @@ def _runs_at_hits(keys: np.ndarray, proc: np.ndarray, hit: np.ndarray, carry_run
     return procs, last_hit, miss, hj, run, started
 
 
-def _first_fired(r: Recs, order, fired, onset, known) -> dict[int, tuple]:
-    """proc -> (record index, onset seq, ns, comm, func) of its earliest firing record,
-    for processes not yet known as culprits."""
-    out: dict[int, tuple] = {}
-    j = np.flatnonzero(fired)
-    j = j[~np.isin(r.proc[order[j]], known)]
-    j = j[np.argsort(r.arrival_c[order[j]], kind="stable")]
-    for k in j.tolist():
-        proc = int(r.proc[order[k]])
-        if proc not in out:
-            out[proc] = (int(order[k]), *onset[k].tolist())
-    return out
+_NONE_FIRED = (np.zeros(0, dtype=np.int64), np.zeros((0, 4)))
+
+
+def _merge_fired(idx: np.ndarray, onset: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Records that fired by either persistence rule, once each, with the earlier onset."""
+    if not len(idx):
+        return _NONE_FIRED
+    order = np.lexsort((onset[:, 1], idx))
+    first = run_heads(idx[order])
+    keep = order[first]
+    return idx[keep], onset[keep]
 
 
 class StragglerDetector:
@@ -320,6 +319,7 @@ class StragglerDetector:
         self.slot_excess = np.zeros((n, 0, 2))  # per rank and slot: host, gpu excess (ns)
         self.slot_hits = np.zeros((n, 0), dtype=np.int64)
         self.miss = np.zeros(n, dtype=np.int64)  # judged ops since the rank's last hit
+        self.ep_miss = np.zeros(n, dtype=np.int64)  # ... since its last hit or firing op
 
     # ------------------------------------------------------------------ feed
     def feed(self, window: Window) -> None:
@@ -346,12 +346,16 @@ class StragglerDetector:
         np.add.at(self.votes[:, 0], r.proc[host], 1)
         np.add.at(self.votes[:, 1], r.proc[hit & ~host], 1)
         self._slot_cause(r, hit, host, resid)
-        self._end_episodes()
-        fired = self._slot_persistence(r, judged, hit, z)
-        for proc, onset in self._rank_persistence(r, judged, hit).items():
-            if proc not in fired or onset[2] < fired[proc][2]:
-                fired[proc] = onset
-        self._confirm(r, fired)
+        at_slot, onset_slot = self._slot_persistence(r, judged, hit, z)
+        at_rank, onset_rank = self._rank_persistence(r, judged, hit)
+        fired, onset = _merge_fired(
+            np.r_[at_slot, at_rank], np.concatenate([onset_slot, onset_rank])
+        )
+        # a firing op is evidence of a slowdown going on only if it is itself clearly
+        # late (r.sig, 3 sigma): a CUSUM fires on for dozens of steps after a slowdown
+        # ends, while its ops are ordinary
+        live = hit[fired] | r.sig[fired]
+        self._episodes(r, judged, hit, fired[live], onset[live])
         self._accumulate(r, z)
 
     def _slot_cause(self, r: Recs, hit, host, resid) -> None:
@@ -581,8 +585,9 @@ class StragglerDetector:
         return resid
 
     # ------------------------------------------------------------------ persistence
-    def _slot_persistence(self, r: Recs, judged, hit, z) -> dict[int, tuple]:
-        """Runs of hits and a CUSUM per (proc, slot): onsets of what fired."""
+    def _slot_persistence(self, r: Recs, judged, hit, z) -> tuple[np.ndarray, np.ndarray]:
+        """Runs of hits and a CUSUM per (proc, slot): the records that fired, and the
+        onset (seq, ns, comm, func) of the run or excursion each ends."""
         g, cfg = self.grid, self.ctx.config
         order, flat = self._order  # the baseline's (proc, slot, seq) order, judged ones
         keep = judged[order]
@@ -612,17 +617,17 @@ class StragglerDetector:
         pair = self._pair[order[fired]]
         by_run = run[fired] >= np.where(pair, cfg.pair_persist, cfg.persist)
         by_s = s[fired] >= np.where(pair, 2 * cfg.cusum_h, cfg.cusum_h)
-        keep = (by_run | by_s) & ~np.isin(r.proc[order[fired]], self._known())
+        keep = by_run | by_s
         fired, by_run = fired[keep], by_run[keep]
         if not len(fired):
-            return {}
+            return _NONE_FIRED
         at_run = _onsets(r, order, started[fired], carried_run[grp[fired]])
         at_cusum = _onsets(r, order, began_at(fired), carried_cusum[grp[fired]])
-        onset = np.where(by_run[:, None], at_run, at_cusum)
-        return _first_fired(r, order[fired], np.ones(len(fired), bool), onset, [])
+        return order[fired], np.where(by_run[:, None], at_run, at_cusum)
 
-    def _rank_persistence(self, r: Recs, judged, hit) -> dict[int, tuple]:
-        """Runs of consecutive hits per rank over its ops in time order."""
+    def _rank_persistence(self, r: Recs, judged, hit) -> tuple[np.ndarray, np.ndarray]:
+        """Runs of consecutive hits per rank over its ops in time order: as
+        _slot_persistence."""
         cfg = self.ctx.config
         idx = np.flatnonzero(judged)
         pair_ops = cfg.pair_persist_ops or np.iinfo(np.int64).max
@@ -648,13 +653,13 @@ class StragglerDetector:
         h_proc = r.proc[h_rec]
         need = np.where(self._pair[h_rec], pair_ops, cfg.persist_ops)
         fired = np.flatnonzero(h_run >= need)
-        fired = fired[~np.isin(h_proc[fired], self._known())]
         if not len(fired):
-            return {}
-        onset = _onsets_at(r, h_start[fired], carried[h_proc[fired]])
-        return _first_fired(r, h_rec[fired], np.ones(len(fired), bool), onset, [])
+            return _NONE_FIRED
+        return h_rec[fired], _onsets_at(r, h_start[fired], carried[h_proc[fired]])
 
-    def _rank_persistence_sorted(self, r: Recs, idx: np.ndarray, hit) -> dict[int, tuple]:
+    def _rank_persistence_sorted(
+        self, r: Recs, idx: np.ndarray, hit
+    ) -> tuple[np.ndarray, np.ndarray]:
         """_rank_persistence by a sort of the ops (when their keys do not fit 63 bits)."""
         order = _time_order(r, idx)
         p = r.proc[order]
@@ -670,30 +675,104 @@ class StragglerDetector:
         cfg = self.ctx.config
         pair_ops = cfg.pair_persist_ops or np.iinfo(np.int64).max
         fired = np.flatnonzero(run >= np.where(self._pair[order], pair_ops, cfg.persist_ops))
-        fired = fired[~np.isin(p[fired], self._known())]
         if not len(fired):
-            return {}
-        onset = _onsets(r, order, started[fired], carried[p[fired]])
-        return _first_fired(r, order[fired], np.ones(len(fired), bool), onset, [])
+            return _NONE_FIRED
+        return order[fired], _onsets(r, order, started[fired], carried[p[fired]])
 
     # ------------------------------------------------------------------ culprits
-    def _known(self) -> list[int]:
-        """Ranks in an active episode (hit within the last episode_gap_ops of their ops)."""
-        return [
-            p
-            for (p, kind), cul in self.ctx.culprits.items()
-            if kind == LOCAL and cul.extra["active"]
-        ]
-
-    def _end_episodes(self) -> None:
+    def _episodes(self, r: Recs, judged, hit, fired: np.ndarray, onset: np.ndarray) -> None:
+        """Episodes of slowness per rank, op by op in time order: one begins at a record
+        that fires (and is itself clearly late) while the rank has none going, and ends
+        once episode_gap_ops of the rank's ops in a row show no evidence, neither late
+        nor firing so (a slowdown found by its CUSUM fires op after op while it lasts,
+        with few ops over the late threshold). Walking the late and firing ops of the
+        ranks that fired (few), the ops between counted, not visited, gives the same
+        episodes however the stream is cut into batches."""
         gap = self.ctx.config.episode_gap_ops
+        n = self.ctx.topo.n_procs
+        ops = np.bincount(r.proc[judged], minlength=n)
+        had_hit = np.bincount(r.proc[judged & hit], minlength=n) > 0
+        before = self.ep_miss
+        # ranks without a firing op here: the misses since their last late op
+        self.ep_miss = np.where(had_hit, self.miss, before + ops)
+        walked = np.unique(r.proc[fired]).tolist() if len(fired) else []
+        trail = self._walk(r, judged, hit, fired, onset, walked, before, gap)
+        for p, miss in trail.items():
+            self.ep_miss[p] = miss
+        hits = np.flatnonzero(judged & hit)
+        last_hit = np.full(n, -np.inf)
+        if len(hits):
+            np.maximum.at(last_hit, r.proc[hits], r.arrival_c[hits])
         for (p, kind), cul in self.ctx.culprits.items():
-            if kind == LOCAL and self.miss[p] >= gap:
+            if kind != LOCAL or p in trail:
+                continue
+            if last_hit[p] > cul.extra.get("evidence_ns", -np.inf):
+                cul.extra["evidence_ns"] = float(last_hit[p])
+            if cul.extra["active"] and self.ep_miss[p] >= gap:
                 cul.extra["active"] = False
+                cul.extra["ended_ns"] = cul.extra.get("evidence_ns", -np.inf)
 
-    def _confirm(self, r: Recs, fired: dict[int, tuple]) -> None:
-        """A new culprit, or a new episode of a known one (a later slowdown)."""
-        for proc, (i, seq, ns, comm, func) in sorted(fired.items()):
+    def _walk(self, r: Recs, judged, hit, fired, onset, walked, before, gap) -> dict[int, int]:
+        """_episodes for the ranks that fired here: confirms new episodes, sets whether
+        each is still going; returns each one's misses in a row at the end."""
+        if not walked:
+            return {}
+        sel = np.flatnonzero(judged & np.isin(r.proc, walked))
+        order = _time_order(r, sel)
+        pos = np.arange(len(order)) - group_starts(r.proc[order])
+        where = np.full(len(r), -1, dtype=np.int64)
+        where[order] = pos
+        fire_at = np.full(len(r), -1, dtype=np.int64)
+        fire_at[fired] = np.arange(len(fired))
+        events = order[hit[order] | (fire_at[order] >= 0)]
+        local = {p: c for (p, kind), c in self.ctx.culprits.items() if kind == LOCAL}
+        # per rank: in an episode, misses in a row, position of its last event, time of
+        # its last evidence, when its previous episode ended (its last evidence then)
+        state = {
+            p: [
+                p in local and bool(local[p].extra["active"]),
+                int(before[p]),
+                -1,
+                local[p].extra.get("evidence_ns", -np.inf) if p in local else -np.inf,
+                local[p].extra.get("ended_ns", -np.inf) if p in local else -np.inf,
+            ]
+            for p in walked
+        }
+        confirmed: list[tuple[int, int, np.ndarray]] = []
+        arrival = r.arrival_c
+        for i, p in zip(events.tolist(), r.proc[events].tolist(), strict=True):
+            st = state[p]
+            at = int(where[i])
+            st[1] += at - st[2] - 1
+            st[2] = at
+            if st[0] and st[1] >= gap:
+                st[0], st[4] = False, st[3]
+            k = int(fire_at[i])
+            # a run or CUSUM excursion that began before the previous episode ended (a
+            # CUSUM still high from it) is not a new slowdown
+            if k >= 0 and not st[0] and onset[k][1] > st[4]:
+                confirmed.append((p, i, onset[k]))
+                st[0] = True
+            st[1] = 0
+            st[3] = float(arrival[i])
+        self._confirm(r, confirmed)
+        ops = np.bincount(r.proc[sel], minlength=self.ctx.topo.n_procs)
+        trail = {}
+        for p, (going, miss, last, evidence_ns, ended_ns) in state.items():
+            trail[p] = miss + int(ops[p]) - last - 1
+            cul = self.ctx.culprits.get((p, LOCAL))
+            if cul is not None:
+                cul.extra["active"] = going and trail[p] < gap
+                cul.extra["evidence_ns"] = evidence_ns
+                cul.extra["ended_ns"] = (
+                    ended_ns if cul.extra["active"] or not going else evidence_ns
+                )
+        return trail
+
+    def _confirm(self, r: Recs, confirmed: list[tuple[int, int, np.ndarray]]) -> None:
+        """New culprits, or new episodes of known ones (a later slowdown), in order:
+        (proc, the record that fired, the onset of its run)."""
+        for proc, i, (seq, ns, comm, func) in confirmed:
             if comm < 0:
                 continue
             episode = {
