@@ -646,6 +646,21 @@ static inline int fast_int(const uint8_t **ps, const uint8_t *end, int64_t *out)
 
 /* -------------------------------------------------------------- skip a value */
 
+/* An object key and its colon: `"key"` then `:`, whitespace skipped after both;
+ * *ps is left at the value. */
+static inline int scan_key(rwp_parser *p, const uint8_t **ps, const uint8_t *end,
+                           const uint8_t **key, size_t *klen) {
+  const uint8_t *s = *ps;
+  if (s >= end || *s != '"') return RWP_E_SYNTAX;
+  s++;
+  int rc = scan_string(p, &s, end, key, klen);
+  if (rc) return rc;
+  s = skip_ws(s, end);
+  if (s >= end || *s != ':') return RWP_E_SYNTAX;
+  *ps = skip_ws(s + 1, end);
+  return RWP_OK;
+}
+
 static int skip_value(rwp_parser *p, const uint8_t **ps, const uint8_t *end, int depth);
 
 static int skip_container(rwp_parser *p, const uint8_t **ps, const uint8_t *end, int depth,
@@ -658,15 +673,10 @@ static int skip_container(rwp_parser *p, const uint8_t **ps, const uint8_t *end,
   }
   for (;;) {
     if (close == '}') {
-      if (s >= end || *s != '"') return RWP_E_SYNTAX;
-      s++;
       const uint8_t *key;
       size_t klen;
-      int rc = scan_string(p, &s, end, &key, &klen);
+      int rc = scan_key(p, &s, end, &key, &klen);
       if (rc) return rc;
-      s = skip_ws(s, end);
-      if (s >= end || *s != ':') return RWP_E_SYNTAX;
-      s = skip_ws(s + 1, end);
     }
     int rc = skip_value(p, &s, end, depth);
     if (rc) return rc;
@@ -867,15 +877,10 @@ static int parse_group(rwp_parser *p, int gi, const uint8_t **ps, const uint8_t 
       fi = guess;
       s += g->fields[guess].len + 3;
     } else {
-      if (s >= end || *s != '"') return RWP_E_SYNTAX;
-      s++;
       const uint8_t *key;
       size_t klen;
-      if ((rc = scan_string(p, &s, end, &key, &klen))) return rc;
+      if ((rc = scan_key(p, &s, end, &key, &klen))) return rc;
       fi = find_field(g, guess, key, klen);
-      s = skip_ws(s, end);
-      if (s >= end || *s != ':') return RWP_E_SYNTAX;
-      s++;
     }
     s = skip_ws(s, end);
     if (fi >= 0) {
@@ -942,15 +947,10 @@ static int parse_line(rwp_parser *p, const uint8_t *s, const uint8_t *end) {
     s++;
   } else {
     for (;;) {
-      if (s >= end || *s != '"') return RWP_E_SYNTAX;
-      s++;
       const uint8_t *key;
       size_t klen;
-      int rc = scan_string(p, &s, end, &key, &klen);
+      int rc = scan_key(p, &s, end, &key, &klen);
       if (rc) return rc;
-      s = skip_ws(s, end);
-      if (s >= end || *s != ':') return RWP_E_SYNTAX;
-      s = skip_ws(s + 1, end);
       if (s >= end) return RWP_E_SYNTAX;
       int ti = find_top(p, key, klen);
       if (ti >= 0) {

@@ -95,7 +95,7 @@ def enough_to_learn(r: Recs, syms: np.ndarray | None = None) -> bool:
     order = np.lexsort((-ops, sym))  # per kind: its processes, most ops first
     sym, ops = sym[order], ops[order]
     rank = np.arange(len(sym)) - np.searchsorted(sym, sym, side="left")
-    kind = np.searchsorted(np.unique(sym), sym)
+    kind = np.searchsorted(np.unique(sym), sym)  # sym is sorted: its distinct values
     n_of = np.bincount(kind)  # processes per kind
     kth = rank == np.minimum(SAMPLE_PROCS, n_of[kind]) - 1
     return bool(np.all(ops[kth] >= 256))

@@ -762,11 +762,10 @@ class StragglerDetector:
             trail[p] = miss + int(ops[p]) - last - 1
             cul = self.ctx.culprits.get((p, LOCAL))
             if cul is not None:
-                cul.extra["active"] = going and trail[p] < gap
+                ends_here = going and trail[p] >= gap  # the misses that end it trail the walk
+                cul.extra["active"] = going and not ends_here
                 cul.extra["evidence_ns"] = evidence_ns
-                cul.extra["ended_ns"] = (
-                    ended_ns if cul.extra["active"] or not going else evidence_ns
-                )
+                cul.extra["ended_ns"] = evidence_ns if ends_here else ended_ns
         return trail
 
     def _confirm(self, r: Recs, confirmed: list[tuple[int, int, np.ndarray]]) -> None:
@@ -825,13 +824,13 @@ class StragglerDetector:
         for p in np.unique(r.proc[mine]).tolist():
             cul = culprits[p]
             cul.extra["own_ns"] = cul.extra.get("own_ns", 0.0) + float(own[p])
+        starts = {p: [e["detected_ns"] for e in c.extra["episodes"]] for p, c in culprits.items()}
         for i in np.flatnonzero(r.hit & mine).tolist():
-            cul = culprits[int(r.proc[i])]
+            p = int(r.proc[i])
+            cul = culprits[p]
             cul.hits += 1
-            episodes = cul.extra["episodes"]
-            at = float(r.arrival_c[i])
-            k = bisect.bisect_right([e["detected_ns"] for e in episodes], at) - 1
-            episodes[max(k, 0)]["hits"] += 1
+            k = bisect.bisect_right(starts[p], float(r.arrival_c[i])) - 1
+            cul.extra["episodes"][max(k, 0)]["hits"] += 1
             times = cul.extra.setdefault("hit_at", [])
             if len(times) < MAX_HIT_TIMES:
                 times.append(

@@ -22,11 +22,9 @@ Phases:
 
 from __future__ import annotations
 
-import contextlib
 import math
-import time
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,6 +42,7 @@ from rankwatch.serve.lateness import Lateness
 from rankwatch.serve.traffic import Traffic
 from rankwatch.store import tables
 from rankwatch.store.engine import EngineSettings, configure
+from rankwatch.store.ingest import timed
 
 PROC = tuple[str, int]
 WINDOW_TABLES = ("ops", "progress")  # what a rebuild replays
@@ -84,16 +83,6 @@ class Comm:
     n_ranks: int
     name: str | None = None
     ranks: dict[int, PROC] = field(default_factory=dict)  # rank -> process
-
-
-@contextlib.contextmanager
-def timed(timings: dict[str, float], name: str) -> Iterator[None]:
-    """Adds the block's seconds to timings[name] (the monitor reports where time goes)."""
-    start = time.perf_counter()
-    try:
-        yield
-    finally:
-        timings[name] = timings.get(name, 0.0) + time.perf_counter() - start
 
 
 def finding_key(f: Finding) -> tuple:

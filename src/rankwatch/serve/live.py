@@ -33,8 +33,8 @@ from rankwatch.serve.job import (
     finding_key,
     findings_dicts,
     jsonable,
-    timed,
 )
+from rankwatch.store.ingest import timed
 
 UNKNOWN_JOB = "unknown"
 MESSAGE_EVERY_S = 10.0  # a source's rejected lines are reported at most this often
