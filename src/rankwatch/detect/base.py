@@ -110,9 +110,6 @@ class Context:
     def wall_ns(self) -> float:
         return max(0.0, self.last_ns - self.first_ns) if np.isfinite(self.first_ns) else 0.0
 
-    def culprit_procs(self, cause: str | None = None) -> list[int]:
-        return sorted({p for (p, c) in self.culprits if cause is None or c == cause})
-
 
 @dataclass
 class Window:

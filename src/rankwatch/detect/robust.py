@@ -53,21 +53,6 @@ def sorted_median(
     return out, has
 
 
-def group_mad(values: np.ndarray, gid: np.ndarray, med: np.ndarray) -> np.ndarray:
-    """Median absolute deviation from `med` per group (unscaled)."""
-    return group_median(np.abs(values - med[gid]), gid, len(med))
-
-
-def group_count(mask: np.ndarray, gid: np.ndarray, n_groups: int) -> np.ndarray:
-    return np.bincount(gid[mask], minlength=n_groups)
-
-
-def dense_ids(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(unique keys, id of each element), ids in key order."""
-    uniq, inv = np.unique(keys, return_inverse=True)
-    return uniq, inv.reshape(-1)
-
-
 def run_lengths(
     hit: np.ndarray, group: np.ndarray, carry: np.ndarray, gstart: np.ndarray | None = None
 ) -> tuple[np.ndarray, np.ndarray]:

@@ -76,7 +76,6 @@ CAUSE_HITS = 8  # late ops per (rank, slot) that decide the cause
 Q_SCALE = 1 / 0.6745  # (median - lower quartile) -> standard deviation
 LOWER_SIDE_MIN = 8
 LOCAL = "local"  # culprit key for host/gpu stragglers; the cause is voted
-ONSET = ("seq", "ns", "comm", "func")  # where a run or excursion began
 
 
 def _slot_order(r: Recs, idx: np.ndarray, width: int) -> tuple[np.ndarray, np.ndarray]:

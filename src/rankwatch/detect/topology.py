@@ -126,20 +126,6 @@ class Topology:
     def n_comms(self) -> int:
         return len(self.comms)
 
-    def expected_cohort_sizes(self) -> np.ndarray:
-        """(n_classes, len(FUNCS)): records a complete class cohort has, per function.
-
-        Collectives: the ranks of the class's communicators that issue the function
-        (all of them when unknown). P2P: a Send and a Recv per instance."""
-        out = np.zeros((self.n_classes, len(FUNCS)), dtype=np.int64)
-        for comm, cls in enumerate(self.comm_class):
-            for f in range(len(COLL_FUNCS)):
-                if self.issued is None or (comm, f) in self.issued:
-                    out[cls, f] += self.comm_size[comm]
-            out[cls, SEND] += 2
-            out[cls, RECV] += 2
-        return out
-
     # ------------------------------------------------------------------ naming
     def comm_ref(self, comm: int | None) -> CommRef | None:
         if comm is None or comm < 0:

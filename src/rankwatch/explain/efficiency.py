@@ -42,7 +42,6 @@ PEAKS: dict[str, dict[str, float]] = {
     # NVIDIA HGX B200 specifications, per GPU (9 PF FP8, 4.5 PF BF16, 2.2 PF TF32 sparse).
     "B200": {"bf16": 2.25e15, "fp16": 2.25e15, "tf32": 1.1e15, "fp8": 4.5e15},
 }
-DTYPES = ("bf16", "fp16", "tf32", "fp8")
 GB = 1e9
 
 
