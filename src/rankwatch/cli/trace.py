@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from rankwatch.errors import ConfigError
+from rankwatch.explain.peaks import DTYPES, PEAKS
 
 if TYPE_CHECKING:  # the analysis is imported only when a command runs
     from rankwatch.explain.analysis import TraceOptions
@@ -94,11 +95,11 @@ def _analysis_options(func: Any) -> Any:
             "--gpu",
             default=None,
             metavar="NAME",
-            help="GPU model for the peak table: H100 SXM, H100 PCIe, H200, A100, B200.",
+            help=f"GPU model for the peak table: {', '.join(PEAKS)}.",
         ),
         click.option(
             "--dtype",
-            type=click.Choice(["bf16", "fp16", "tf32", "fp8"]),
+            type=click.Choice(DTYPES),
             default="bf16",
             show_default=True,
             help="Precision of the peak rate.",

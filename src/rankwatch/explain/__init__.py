@@ -13,7 +13,7 @@ One module per job:
   ledger       the exact per-rank, per-step time ledger
   optable      ops comparable across ranks and steps
   divergence   slow steps and their first unexplained divergence
-  efficiency   MFU, HFU, bus bandwidth efficiency
+  efficiency   MFU, HFU, bus bandwidth efficiency (peak rates in peaks)
   analysis     the pipeline; report / html render it; diff compares two runs
   synth*       synthetic per-rank traces with injected faults, for tests and benchmarks
 
