@@ -30,17 +30,9 @@ set -uo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 bench="$(cd "$here/.." && pwd)"
-root="$(cd "$bench/.." && pwd)"
-: "${OUT:?set OUT to the output directory}"
-mkdir -p "$OUT"
-OUT="$(cd "$OUT" && pwd)"
-
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-
-work="$(mktemp -d "${TMPDIR:-/tmp}/rankwatch-bench.XXXXXX")"
-PYTHON="${PYTHON:-python3}"
-
-step() { echo; echo "=== [$(date +%H:%M:%S) +${SECONDS}s] $*"; }
+# shellcheck source=bench/gpu/common.sh
+source "$here/common.sh"
+gpu_start "" rankwatch-bench
 
 main() {
   local t_build t_cb t_torch t_check t_sweep

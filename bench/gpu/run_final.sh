@@ -18,25 +18,10 @@
 set -uo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-root="$(cd "$here/../.." && pwd)"
-: "${OUT:?set OUT to the output directory}"
-mkdir -p "$OUT"
-OUT="$(cd "$OUT" && pwd)"
-exec > >(tee -a "$OUT/final.log") 2>&1
-
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-export PYTHONUNBUFFERED=1
-PYTHON="${PYTHON:-python3}"
-work="$(mktemp -d "${TMPDIR:-/tmp}/rankwatch-final.XXXXXX")"
+# shellcheck source=bench/gpu/common.sh
+source "$here/common.sh"
+gpu_start final.log rankwatch-final
 summary="$work/summary.txt"
-
-step() { echo; echo "=== [$(date +%H:%M:%S) +${SECONDS}s] $*"; }
-
-install_wheels() {
-  "$PYTHON" -m pip install -q --no-index --no-deps --target "$work/site" "$root"/.whl/*.whl || return 1
-  export PYTHONPATH="$work/site${PYTHONPATH:+:$PYTHONPATH}"
-  "$PYTHON" -m rankwatch --version && "$PYTHON" -m rankwatch plugin-path
-}
 
 torchrun_cmd() { echo "$PYTHON -m torch.distributed.run --standalone --nproc_per_node=2"; }
 
