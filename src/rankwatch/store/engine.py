@@ -122,6 +122,11 @@ def use_compressed_memory(con: Any) -> bool:
         con.execute(f"USE {STORE_CATALOG}")
     except duckdb.Error:
         return False
+    # Only compact() compresses: DuckDB's automatic checkpoint (every 16 MiB of
+    # changes) would otherwise compress the whole ops table at whichever later
+    # statement crosses it, e.g. 1 s inside align at 1 M records, where the tables
+    # fit in memory uncompressed anyway.
+    con.execute("SET checkpoint_threshold = '1TB'")
     return True
 
 
