@@ -35,7 +35,7 @@ def test_analyze_text_summarises_in_plain_language(sim) -> None:
     text = result.stdout
     for phrase in (
         "Job sim:",
-        "Ranks: 8 processes on 2 host(s)",
+        "Ranks: 8 in 8 processes on 2 host(s)",
         "Communicators:",
         "Clocks: offsets against",
         "Most-late ranks",

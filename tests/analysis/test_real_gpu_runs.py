@@ -126,8 +126,13 @@ def test_jax_program_is_recorded_and_read():
     # the sharded matmul's all-reduce did not go through NCCL (see docs/validation.md)
     funcs = ("AllGather", "ReduceScatter", "Send", "Recv")
     assert s["ops_per_func"] == {f: 2 * calls for f in funcs}
-    # one process drove both GPUs: two ranks in each communicator
+    # one process drove both GPUs: two ranks in each communicator, told apart by device
     assert sorted(c["n_ranks"] for c in s["communicators"]) == [2, 2]
+    assert (s["job"]["ranks"], s["job"]["processes"]) == (2, 1)
+    assert [(r["world_rank"], r["device"], r["ops"]) for r in s["ranks"]] == [
+        (0, 0, 4 * calls),
+        (1, 1, 4 * calls),
+    ]
     assert s["findings"] == []
 
 

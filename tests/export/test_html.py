@@ -108,7 +108,7 @@ def test_summary_names_the_slow_rank_and_when_it_turned_slow(report: Path) -> No
     began = float(re.search(r"is a straggler since ([\d.]+) s into the job", summary).group(1))
     span = float(re.search(r"over ([\d.]+) s", summary).group(1))
     assert 0.4 * span < began < 0.6 * span  # the fault starts at step 30 of 60
-    assert "8 ranks (processes) on 2 host(s)" in summary
+    assert "8 ranks in 8 process(es) on 2 host(s)" in summary
 
 
 @needs_chromium
@@ -166,5 +166,5 @@ def test_demo_writes_the_report_next_to_its_records(tmp_path: Path) -> None:
     report = out / "report.html"
     assert f"HTML report: {report}" in result.output
     html = report.read_text(encoding="utf-8")  # which rank is late depends on timing here
-    assert "4 ranks (processes) on 1 host(s)" in section(html, "summary")
+    assert "4 ranks in 4 process(es) on 1 host(s)" in section(html, "summary")
     assert 'id="fig-timeline-0"' in html

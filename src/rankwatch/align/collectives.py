@@ -29,6 +29,7 @@ ReduceScatter (n-1)/n with traffic msg x n; others 1.
 from __future__ import annotations
 
 from rankwatch.align.clock import correction_sql
+from rankwatch.align.ranks import process_join_sql
 from rankwatch.model import Run
 
 OPS_ALIGNED_SQL = f"""
@@ -40,7 +41,7 @@ SELECT o.*, p.world_rank,
        c.bound_ns AS clock_bound_ns
 FROM ops o
 LEFT JOIN host_clock c ON c.host = o.host
-LEFT JOIN processes p ON p.host = o.host AND p.pid = o.pid
+LEFT JOIN processes p ON {process_join_sql("p", "o")}
 """
 
 # The rows of collectives, with corrected times. A view, read twice below, so that

@@ -1,10 +1,18 @@
 """Who is who: communicators, processes, and each process's rank in the job.
 
-A process is (host, pid). Its job-wide rank is its rank in the world
-communicator, taken to be the communicator with the most ranks (ties: the one
-seen from the most processes, then with the most ops). The `rank_map` table
+A rank's process is (host, pid), plus the CUDA device for a process that holds
+several ranks of one communicator (a single-controller JAX program, or one
+PyTorch process driving every GPU of a node): there each device is a rank of its
+own, and the device is what ties a rank in one communicator to the same rank in
+another. Such a process whose records lack the device (its CUDA runtime could
+not tell) stays one row, with the smallest of its ranks. The `processes` table
+has one row per job rank: host, pid, device (null unless the process holds
+several ranks), multi_rank, world_rank. Its job-wide rank is its rank in the
+world communicator, taken to be the communicator with the most ranks (ties: the
+one seen from the most processes, then with the most ops). The `rank_map` table
 gives every (communicator, rank) its process and world rank, which is also how
-ranks of different communicators relate to each other.
+ranks of different communicators relate to each other. Join ops to processes
+with `process_join_sql()`.
 
 Communicators are keyed by `comm_key` (the id cut to NCCL Inspector's 14 hex
 digits, leading zeros dropped) so rankwatch and Inspector records join.
@@ -47,26 +55,42 @@ SELECT coalesce(s.comm_key, d.comm_key) AS comm_key,
 FROM seen s FULL OUTER JOIN declared d ON s.comm_key = d.comm_key
 """
 
+# Every (communicator, rank) seen, with its process; `device` is kept only for
+# processes that hold several ranks of one communicator (multi_rank), so that a
+# process's device-less records (NCCL Inspector's) and its state records (with
+# the device) still name one rank. A device of -1 stands for "unknown" (a key
+# column cannot be null in the joins below).
 MEMBERS_SQL = """
 CREATE OR REPLACE TEMP TABLE comm_members AS
-SELECT DISTINCT comm_key, rank, host, pid FROM ops
-UNION
-SELECT '0x' || left(ltrim(lower(substr(comm_id, 3)), '0'), 14), rank, host, pid FROM comms
+WITH seen AS (
+    SELECT DISTINCT comm_key, rank, host, pid, device FROM ops
+    UNION
+    SELECT '0x' || left(ltrim(lower(substr(comm_id, 3)), '0'), 14), rank, host, pid, device
+    FROM comms
+), multi AS (
+    SELECT DISTINCT host, pid FROM seen GROUP BY comm_key, host, pid
+    HAVING count(DISTINCT rank) > 1
+)
+SELECT DISTINCT s.comm_key, s.rank, s.host, s.pid,
+       CASE WHEN m.pid IS NOT NULL THEN coalesce(s.device, -1) ELSE -1 END AS device,
+       m.pid IS NOT NULL AS multi_rank
+FROM seen s LEFT JOIN multi m ON m.host = s.host AND m.pid = s.pid
 """
 
 PROCESSES_SQL = """
 CREATE OR REPLACE TABLE processes AS
-WITH procs AS (SELECT DISTINCT host, pid FROM comm_members),
+WITH procs AS (SELECT DISTINCT host, pid, device, multi_rank FROM comm_members),
 world AS (
-    SELECT host, pid, min(rank) AS rank FROM comm_members WHERE comm_key = ? GROUP BY host, pid
+    SELECT host, pid, device, min(rank) AS rank FROM comm_members WHERE comm_key = ?
+    GROUP BY host, pid, device
 ),
 joined AS (
-    SELECT p.host, p.pid, w.rank AS world_rank
-    FROM procs p LEFT JOIN world w ON p.host = w.host AND p.pid = w.pid
+    SELECT p.host, p.pid, p.device, p.multi_rank, w.rank AS world_rank
+    FROM procs p LEFT JOIN world w ON p.host = w.host AND p.pid = w.pid AND p.device = w.device
 )
-SELECT host, pid,
+SELECT host, pid, CASE WHEN device >= 0 THEN device END AS device, multi_rank,
        coalesce(world_rank, (SELECT coalesce(max(rank), -1) FROM world)
-                + row_number() OVER (PARTITION BY world_rank IS NULL ORDER BY host, pid))
+                + row_number() OVER (PARTITION BY world_rank IS NULL ORDER BY host, pid, device))
            AS world_rank,
        world_rank IS NOT NULL AS in_world_comm
 FROM joined
@@ -74,11 +98,22 @@ FROM joined
 
 RANK_MAP_SQL = """
 CREATE OR REPLACE TABLE rank_map AS
-SELECT m.comm_key, c.comm_id, c.comm_name, m.rank, m.host, m.pid, p.world_rank
+SELECT m.comm_key, c.comm_id, c.comm_name, m.rank, m.host, m.pid, p.device, p.world_rank
 FROM comm_members m
 JOIN communicators c ON c.comm_key = m.comm_key
-JOIN processes p ON p.host = m.host AND p.pid = m.pid
+JOIN processes p ON p.host = m.host AND p.pid = m.pid AND coalesce(p.device, -1) = m.device
 """
+
+
+def process_join_sql(p: str, o: str) -> str:
+    """The join condition of a row of `processes` (alias p) and a row with host,
+    pid and device (alias o, e.g. an op): the device counts only for a process
+    that holds several ranks. Plain SQL (no IS NOT DISTINCT FROM) so that it
+    transpiles to other engines."""
+    return (
+        f"{p}.host = {o}.host AND {p}.pid = {o}.pid AND coalesce({p}.device, -1) = "
+        f"CASE WHEN {p}.multi_rank THEN coalesce({o}.device, -1) ELSE -1 END"
+    )
 
 
 def world_comm(run: Run) -> str | None:

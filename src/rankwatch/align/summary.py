@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from rankwatch.align.clock import ClockEstimate
+from rankwatch.align.ranks import process_join_sql
 from rankwatch.model import Run
 
 LATE_RANKS = 5
@@ -49,6 +50,9 @@ def job_summary(run: Run) -> dict[str, Any]:
     return {
         "job_ids": jobs,
         "ranks": _scalar(run, "SELECT count(*) FROM processes"),
+        "processes": _scalar(
+            run, "SELECT count(*) FROM (SELECT DISTINCT host, pid FROM processes) AS p"
+        ),
         "hosts": _scalar(run, "SELECT count(DISTINCT host) FROM processes"),
         "op_records": _scalar(run, "SELECT count(*) FROM ops"),
         "state_records": state,
@@ -90,15 +94,19 @@ def communicators(run: Run) -> list[dict[str, Any]]:
 def ranks(run: Run) -> list[dict[str, Any]]:
     return _rows(
         run,
-        """
-        SELECT p.world_rank, p.host, p.pid, p.in_world_comm,
+        f"""
+        SELECT p.world_rank, p.host, p.pid, p.device, p.in_world_comm,
                coalesce(o.ops, 0) AS ops, l.times_last_arrival, l.arrival_lag_caused_ns,
                l.mean_last_arrival_lag_ns, l.times_last_gpu_start, l.gpu_lag_caused_ns,
                l.mean_last_gpu_lag_ns, l.significant_last_arrivals,
                l.significant_last_gpu_starts, l.max_lag_bound_ns
         FROM processes p
-        LEFT JOIN (SELECT host, pid, count(*) AS ops FROM ops GROUP BY 1, 2) o
-               ON o.host = p.host AND o.pid = p.pid
+        LEFT JOIN (
+            SELECT q.world_rank, sum(n.ops) AS ops
+            FROM (SELECT host, pid, device, count(*) AS ops FROM ops GROUP BY 1, 2, 3) n
+            JOIN processes q ON {process_join_sql("q", "n")}
+            GROUP BY q.world_rank
+        ) o ON o.world_rank = p.world_rank
         LEFT JOIN rank_lateness l ON l.world_rank = p.world_rank
         ORDER BY p.world_rank""",
     )

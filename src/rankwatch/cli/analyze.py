@@ -25,6 +25,11 @@ def _ms(ns: float | None) -> str:
     return "n/a" if ns is None else f"{ns / 1e6:,.1f} ms"
 
 
+def _processes(job: dict[str, Any]) -> str:
+    n = job.get("processes", job["ranks"])
+    return f"{n} process" + ("" if n == 1 else "es")
+
+
 def _job_lines(s: dict[str, Any]) -> list[str]:
     job = s["job"]
     ids = ", ".join(job["job_ids"]) or "unknown"
@@ -34,7 +39,7 @@ def _job_lines(s: dict[str, Any]) -> list[str]:
     return [
         f"Job {ids}: {job['op_records']:,} op records ({formats}){span}, {state:,} state "
         f"records, from {job['files']} file(s).",
-        f"Ranks: {job['ranks']} processes on {job['hosts']} host(s).",
+        f"Ranks: {job['ranks']} in {_processes(job)} on {job['hosts']} host(s).",
     ]
 
 

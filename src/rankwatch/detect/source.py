@@ -12,6 +12,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
+from rankwatch.align.ranks import process_join_sql
 from rankwatch.detect.columns import NF, REASONS, STATES, OpColumns, ProgressColumns
 from rankwatch.detect.robust import nanmax
 from rankwatch.detect.topology import COLL_FUNCS, Topology, func_case_sql
@@ -23,10 +24,13 @@ TAIL_WINDOW_NS = 250e6  # progress-only windows after the last op
 
 def _register(run: Run, topo: Topology) -> None:
     con = run.con
-    con.execute("CREATE OR REPLACE TEMP TABLE rw_det_procs (host VARCHAR, pid BIGINT, proc BIGINT)")
-    procs = [[p.host, p.pid, i] for i, p in enumerate(topo.procs)]
+    con.execute(
+        "CREATE OR REPLACE TEMP TABLE rw_det_procs "
+        "(host VARCHAR, pid BIGINT, device INTEGER, multi_rank BOOLEAN, proc BIGINT)"
+    )
+    procs = [[p.host, p.pid, p.device, p.multi_rank, i] for i, p in enumerate(topo.procs)]
     if procs:
-        con.executemany("INSERT INTO rw_det_procs VALUES (?, ?, ?)", procs)
+        con.executemany("INSERT INTO rw_det_procs VALUES (?, ?, ?, ?, ?)", procs)
     con.execute("CREATE OR REPLACE TEMP TABLE rw_det_comms (comm_key VARCHAR, comm BIGINT)")
     comms = [[c.key, i] for i, c in enumerate(topo.comms)]
     if comms:
@@ -60,7 +64,7 @@ SELECT p.proc, c.comm, o.rank, {func_case_sql("o.func")} AS func, coalesce(o.seq
        coalesce(o.peer, -1) AS peer, coalesce(o.msg_bytes, -1) AS msg,
        coalesce(o.root, -1) AS root, {times}
 FROM ops_aligned o
-JOIN rw_det_procs p ON p.host = o.host AND p.pid = o.pid
+JOIN rw_det_procs p ON {process_join_sql("p", "o")}
 JOIN rw_det_comms c ON c.comm_key = o.comm_key
 WHERE o.kind IN ('coll', 'p2p') AND o.seq IS NOT NULL
 ORDER BY greatest(coalesce(o.gpu_end_c, o.arrival_c), o.arrival_c), p.proc
@@ -91,8 +95,11 @@ SELECT p.proc, c.comm, g.rank, {_rel(f"g.ts_ns - {shift}", t0)} AS ts,
        {_rel(f"g.in_flight[1].arrival_ns - {shift}", t0)} AS if_arrival,
        CAST(g.in_flight[1].age_ns AS DOUBLE) AS if_age
 FROM progress g
-JOIN rw_det_procs p ON p.host = g.host AND p.pid = g.pid
 JOIN rw_det_comms c ON c.comm_key = '0x' || left(ltrim(lower(substr(g.comm_id, 3)), '0'), 14)
+LEFT JOIN rank_map m ON m.comm_key = c.comm_key AND m.rank = g.rank AND m.host = g.host
+    AND m.pid = g.pid
+JOIN rw_det_procs p ON p.host = g.host AND p.pid = g.pid AND coalesce(p.device, -1) =
+    CASE WHEN p.multi_rank THEN coalesce(m.device, -1) ELSE -1 END
 LEFT JOIN host_clock h ON h.host = g.host
 ORDER BY ts, p.proc
 """

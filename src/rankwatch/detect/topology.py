@@ -59,9 +59,42 @@ class CommInfo:
 
 @dataclass(frozen=True)
 class ProcInfo:
+    """One rank of the job: its process and, for a process that holds several
+    ranks (multi_rank, see align.ranks), its CUDA device (None when unknown)."""
+
     world_rank: int
     host: str
     pid: int
+    device: int | None = None
+    multi_rank: bool = False
+
+
+# A rank's key: (host, pid, device), device None unless the process holds several
+# ranks of one communicator (then -1 when its records do not say).
+ProcKey = tuple[str, int, int | None]
+
+
+def _multi_rank(rows: list[dict]) -> set[tuple[str, int]]:
+    """Processes holding several ranks of one communicator (as align.ranks decides)."""
+    ranks: dict[tuple, set[int]] = {}
+    for r in rows:
+        key = (r.get("comm_key") or comm_key(r["comm_id"]), r["host"], int(r["pid"]))
+        ranks.setdefault(key, set()).add(int(r["rank"]))
+    return {(h, p) for (_, h, p), seen in ranks.items() if len(seen) > 1}
+
+
+def _proc_info(world_rank: int, key: ProcKey) -> ProcInfo:
+    host, pid, device = key
+    known = None if device is None or device < 0 else device
+    return ProcInfo(world_rank, host, pid, known, device is not None)
+
+
+def proc_key(row: dict, multi: set[tuple[str, int]]) -> ProcKey:
+    host, pid = row["host"], int(row["pid"])
+    if (host, pid) not in multi:
+        return (host, pid, None)
+    device = row.get("device")
+    return (host, pid, -1 if device is None else int(device))
 
 
 @dataclass
@@ -78,7 +111,14 @@ class Topology:
     world: int | None = None  # comm spanning every process, if any
 
     def __post_init__(self) -> None:
-        self.proc_of_key = {(p.host, p.pid): i for i, p in enumerate(self.procs)}
+        # (host, pid) names a rank of a process holding one; (host, pid, device) any
+        self.proc_of_key: dict[tuple, int] = {}
+        for i, p in enumerate(self.procs):
+            if p.multi_rank:
+                self.proc_of_key[(p.host, p.pid, -1 if p.device is None else p.device)] = i
+            else:
+                self.proc_of_key[(p.host, p.pid)] = i
+                self.proc_of_key[(p.host, p.pid, None)] = i
         self.comm_of_key = {c.key: i for i, c in enumerate(self.comms)}
         sizes = np.array(
             [max(c.n_ranks, len(m)) for c, m in zip(self.comms, self.members, strict=True)],
@@ -149,19 +189,21 @@ class Topology:
         cls,
         comm_rows: Iterable[dict],
         *,
-        world_ranks: dict[tuple[str, int], int] | None = None,
+        world_ranks: dict[ProcKey, int] | None = None,
         p2p_comm_keys: Iterable[str] = (),
         issued: Iterable[tuple[str, str]] | None = None,
         t0_ns: int = 0,
         host_bound_ns: dict[str, float] | None = None,
     ) -> Topology:
         """From rows with comm_key (or comm_id), comm_id, comm_name, n_ranks, nnodes,
-        rank, host, pid: e.g. the `comm` state records a live monitor receives."""
+        rank, host, pid and optionally device: e.g. the `comm` state records a live
+        monitor receives. world_ranks is keyed like proc_key()."""
         rows = list(comm_rows)
-        procs_keys = sorted({(r["host"], int(r["pid"])) for r in rows})
-        wr = world_ranks if world_ranks is not None else _world_ranks(rows)
-        procs_keys.sort(key=lambda k: (wr.get(k, 1 << 40), k))
-        procs = [ProcInfo(wr.get(k, i), k[0], k[1]) for i, k in enumerate(procs_keys)]
+        multi = _multi_rank(rows)
+        keys = [proc_key(r, multi) for r in rows]
+        wr = world_ranks if world_ranks is not None else _world_ranks(rows, keys)
+        procs_keys = sorted(set(keys), key=lambda k: (wr.get(k, 1 << 40), k[:2], k[2] or 0))
+        procs = [_proc_info(wr.get(k, i), k) for i, k in enumerate(procs_keys)]
         pidx = {k: i for i, k in enumerate(procs_keys)}
         comms: dict[str, CommInfo] = {}
         for r in rows:
@@ -173,14 +215,14 @@ class Topology:
         order = sorted(comms)
         cidx = {k: i for i, k in enumerate(order)}
         members = [np.full(comms[k].n_ranks, -1, dtype=np.int64) for k in order]
-        for r in rows:
+        for r, pk in zip(rows, keys, strict=True):
             key = r.get("comm_key") or comm_key(r["comm_id"])
             m = members[cidx[key]]
             rank = int(r["rank"])
             if rank >= len(m):
                 m = np.concatenate([m, np.full(rank + 1 - len(m), -1, dtype=np.int64)])
                 members[cidx[key]] = m
-            m[rank] = pidx[(r["host"], int(r["pid"]))]
+            m[rank] = pidx[pk]
         p2p = {cidx[k] for k in p2p_comm_keys if k in cidx}
         done = None
         if issued is not None:
@@ -206,6 +248,7 @@ class Topology:
                         "rank",
                         "host",
                         "pid",
+                        "device",
                     ),
                     r,
                     strict=True,
@@ -213,12 +256,14 @@ class Topology:
             )
             for r in con.execute(
                 "SELECT m.comm_key, c.comm_id, c.comm_name, c.n_ranks, c.nnodes, m.rank, m.host, "
-                "m.pid FROM rank_map m JOIN communicators c USING (comm_key)"
+                "m.pid, m.device FROM rank_map m JOIN communicators c USING (comm_key)"
             ).fetchall()
         ]
         world = {
-            (h, int(p)): int(w)
-            for h, p, w in con.execute("SELECT host, pid, world_rank FROM processes").fetchall()
+            (h, int(p), (-1 if d is None else int(d)) if multi else None): int(w)
+            for h, p, d, multi, w in con.execute(
+                "SELECT host, pid, device, multi_rank, world_rank FROM processes"
+            ).fetchall()
         }
         p2p = [
             k
@@ -246,17 +291,17 @@ class Topology:
         )
 
 
-def _world_ranks(rows: list[dict]) -> dict[tuple[str, int], int]:
+def _world_ranks(rows: list[dict], keys: list[ProcKey]) -> dict[ProcKey, int]:
     """Ranks in the communicator with the most ranks (as align.ranks decides)."""
     if not rows:
         return {}
     key = max(rows, key=lambda r: (int(r["n_ranks"]), r.get("comm_key") or r["comm_id"]))
     world = key.get("comm_key") or comm_key(key["comm_id"])
-    return {
-        (r["host"], int(r["pid"])): int(r["rank"])
-        for r in rows
-        if (r.get("comm_key") or comm_key(r["comm_id"])) == world
-    }
+    out: dict[ProcKey, int] = {}
+    for r, pk in zip(rows, keys, strict=True):
+        if (r.get("comm_key") or comm_key(r["comm_id"])) == world:
+            out[pk] = min(out.get(pk, int(r["rank"])), int(r["rank"]))
+    return out
 
 
 def comm_key(comm_id: str) -> str:

@@ -159,7 +159,8 @@ def facts(summary: dict[str, Any], t0: int | None) -> list[str]:
     funcs = ", ".join(f"{f} {n:,}" for f, n in summary["ops_per_func"].items()) or "none"
     return [
         f"Job {ids}: {job['op_records']:,} op records from {job['files']} file(s){span}{start}.",
-        f"{job['ranks']} ranks (processes) on {job['hosts']} host(s); "
+        f"{job['ranks']} ranks in {job.get('processes', job['ranks'])} process(es) on "
+        f"{job['hosts']} host(s); "
         f"{len(comms)} communicator(s){world_text}.",
         f"Ops per function: {funcs}.",
         _clock_fact(summary["clock"]),
