@@ -1,11 +1,12 @@
 """A process that holds several ranks (a single-controller JAX program, or one
 process driving every GPU of a node) is analysed rank by rank: its CUDA device
-tells its ranks apart and ties each one's ops across communicators."""
+tells its ranks apart and ties each one's ops across communicators. The job is
+simulated twice from one seed, one process per rank and one per host."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
-from pathlib import Path
 
 import pytest
 
@@ -13,30 +14,6 @@ from rankwatch.cli.analyze import analyze
 from rankwatch.simulate import SimConfig, SlowFault, simulate
 
 SLOW_RANK = 5
-
-
-def _one_process_per_host(src: Path, dst: Path) -> dict[str, int]:
-    """The simulated job as if each host ran one process driving all its GPUs:
-    every record of a host gets that host's first pid, in one pair of files."""
-    dst.mkdir()
-    pid_of: dict[str, int] = {}
-    for path in sorted(src.glob("*.log")):
-        host = path.name.split("-pid")[0]
-        pid_of.setdefault(host, int(path.name.split("-pid")[1].split(".")[0]))
-    for path in sorted(src.iterdir()):
-        if not path.name.endswith((".log", ".rwstate.jsonl")):
-            continue
-        host = path.name.split("-pid")[0]
-        suffix = ".log" if path.name.endswith(".log") else ".rwstate.jsonl"
-        with (dst / f"{host}-pid{pid_of[host]}{suffix}").open("a") as out:
-            for line in path.read_text().splitlines():
-                record = json.loads(line)
-                if "metadata" in record:
-                    record["metadata"]["pid"] = pid_of[host]
-                else:
-                    record["pid"] = pid_of[host]
-                out.write(json.dumps(record) + "\n")
-    return pid_of
 
 
 def _key(summary: dict) -> list[tuple]:
@@ -50,9 +27,20 @@ def jobs(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, dict, dict[str
         ranks=8, hosts=2, tp=2, steps=60, seed=3, slow=SlowFault(SLOW_RANK, 20, "gpu", 3000)
     )
     simulate(cfg, root / "per-rank")
-    pids = _one_process_per_host(root / "per-rank", root / "per-host")
+    res = simulate(dataclasses.replace(cfg, one_process_per_host=True), root / "per-host")
     apart = analyze((root / "per-rank",), store=None, quiet=True)
     together = analyze((root / "per-host",), store=None, quiet=True)
+    pids = {r["host"]: r["pid"] for r in res.truth["ranks"]}
+    # one pair of files per host, every rank's records in it
+    assert sorted(p.name for p in (root / "per-host").glob("*.log")) == sorted(
+        f"{h}-pid{p}.log" for h, p in pids.items()
+    )
+    for path in (root / "per-host").glob("*.log"):
+        lines = [json.loads(line) for line in path.read_text().splitlines()]
+        devices = [r["rankwatch"]["device"] for r in lines]
+        assert len(set(devices)) == 4
+        switches = sum(a != b for a, b in zip(devices[:-1], devices[1:], strict=True))
+        assert switches > len(lines) // 10  # interleaved as they happened, not one after another
     return apart, together, pids
 
 

@@ -139,3 +139,24 @@ def test_replay_across_hosts_and_communicators_gives_the_findings_of_analyze(
     assert live["records"] == record_lines(dump)
     comms = {json.loads(line)["header"]["id"] for f in dump.glob("*.log") for line in f.open()}
     assert live["comms"] == len(comms) == 11  # 8 TP pairs, 2 DP groups, the world
+
+
+def test_a_process_holding_several_ranks_gives_the_findings_of_analyze(tmp_path: Path) -> None:
+    """The job above as one process per host driving all its GPUs (the shape of a
+    single-controller JAX program): live and offline both tell its ranks apart by
+    device and name the same straggler."""
+    dump = tmp_path / "per-host"
+    slow = SlowFault(5, 30, "gpu", 2000.0)
+    cfg = SimConfig(ranks=8, hosts=2, tp=2, steps=80, slow=slow, one_process_per_host=True)
+    simulate(cfg, dump)
+    mon = start_monitor(tmp_path)
+    try:
+        replay(dump, mon.listen)
+        live = ended(mon, "sim")
+    finally:
+        mon.stop()
+    offline = keys(offline_findings(dump))
+    assert ("straggler", 5, "gpu") in offline
+    assert keys(live["findings"]) == offline
+    assert live["records"] == record_lines(dump)
+    assert sorted(r["rank"] for r in live["ranks"]) == list(range(8))

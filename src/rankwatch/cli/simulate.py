@@ -29,7 +29,7 @@ def _config(opts: dict):
     from rankwatch.simulate import SimConfig
 
     names = ("ranks", "hosts", "steps", "tp", "pp", "dp", "seed", "clock_offset_us", "drift_ppm",
-             "workers")  # fmt: skip
+             "one_process_per_host", "workers")  # fmt: skip
     return SimConfig(
         **{n: opts[n] for n in names},  # type: ignore[arg-type]
         slow=_fault("slow", opts["slow_rank"], opts["slow_from_step"], cause=opts["slow_cause"],
@@ -97,6 +97,12 @@ def _config(opts: dict):
     default="size",
     show_default=True,
     help="...of a different size, or a different function.",
+)
+@click.option(
+    "--one-process-per-host",
+    is_flag=True,
+    help="Each host's ranks in one process driving all its GPUs (as a single-controller "
+    "JAX program), told apart by device.",
 )
 @click.option(
     "--workers",

@@ -111,14 +111,13 @@ class Topology:
     world: int | None = None  # comm spanning every process, if any
 
     def __post_init__(self) -> None:
-        # (host, pid) names a rank of a process holding one; (host, pid, device) any
+        # (host, pid, device) names a rank (see ProcKey); (host, pid) a process, by its
+        # first rank (the live monitor tracks processes: their streams and exits)
         self.proc_of_key: dict[tuple, int] = {}
         for i, p in enumerate(self.procs):
-            if p.multi_rank:
-                self.proc_of_key[(p.host, p.pid, -1 if p.device is None else p.device)] = i
-            else:
-                self.proc_of_key[(p.host, p.pid)] = i
-                self.proc_of_key[(p.host, p.pid, None)] = i
+            device = (-1 if p.device is None else p.device) if p.multi_rank else None
+            self.proc_of_key[(p.host, p.pid, device)] = i
+            self.proc_of_key.setdefault((p.host, p.pid), i)
         self.comm_of_key = {c.key: i for i, c in enumerate(self.comms)}
         sizes = np.array(
             [max(c.n_ranks, len(m)) for c, m in zip(self.comms, self.members, strict=True)],

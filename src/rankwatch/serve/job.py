@@ -349,6 +349,20 @@ class LiveJob:
             for k, c in self.comms.items()
         )
 
+    def rank_rows(self) -> list[tuple[int | None, Proc, int | None]]:
+        """(world rank, its process, its device) of every rank: per rank of the
+        topology once there is one (a process may hold several), else per process."""
+        if self.topo is None:
+            return [(p.rank, p, p.device) for p in self.procs.values()]
+        rows, placed = [], set()
+        for t in self.topo.procs:
+            p = self.procs.get((t.host, t.pid))
+            if p is not None:
+                rows.append((t.world_rank, p, t.device if t.multi_rank else p.device))
+                placed.add((t.host, t.pid))
+        rows += [(p.rank, p, p.device) for k, p in self.procs.items() if k not in placed]
+        return rows
+
     def _world_ranks(self) -> None:
         """Ranks in the largest communicator (the world), until the topology says."""
         if self.topo is not None or not self.comms:
@@ -377,10 +391,13 @@ class LiveJob:
             return
         align_for_detection(self.run)
         self.topo = Topology.from_run(self.run)
+        first: dict[PROC, int] = {}  # a process holding several ranks: its first
         for proc in self.topo.procs:
-            p = self.procs.get((proc.host, proc.pid))
-            if p is not None:
-                p.rank = proc.world_rank
+            key = (proc.host, proc.pid)
+            first[key] = min(first.get(key, proc.world_rank), proc.world_rank)
+        for key, rank in first.items():
+            if key in self.procs:
+                self.procs[key].rank = rank
         self.stream = Stream(self.topo, self.cfg.detect)
         self.early = Stream(self.topo, self.cfg.detect, detectors=[HangDetector])
         self.phase, self.rebuild_at = "live", None

@@ -306,8 +306,8 @@ class LiveState:
         findings = job.findings()
         flagged = {f.rank: f.kind for f in findings if f.rank is not None}
         ranks = []
-        for p in sorted(job.procs.values(), key=lambda p: (p.rank is None, p.rank, p.host, p.pid)):
-            r = p.rank
+        rows = sorted(job.rank_rows(), key=lambda x: (x[0] is None, x[0], x[1].host, x[1].pid))
+        for r, p, device in rows:
             lateness = {
                 k: (float(v[r]) if r is not None and 0 <= r < len(v) and v[r] == v[r] else None)
                 for k, v in recent.items()
@@ -325,8 +325,8 @@ class LiveState:
                     "rank": r,
                     "host": p.host,
                     "pid": p.pid,
-                    "gpu": p.device,
-                    "records": p.records,
+                    "gpu": device,
+                    "records": p.records,  # of its process
                     "last_seen": p.last_wall,
                     "exited": p.exited,
                     "connected": p.streams_open > 0,

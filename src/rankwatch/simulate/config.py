@@ -63,6 +63,9 @@ class SimConfig:
     slow: SlowFault | None = None
     hang: HangFault | None = None
     desync: DesyncFault | None = None
+    # one process per host drives all its GPUs (a single-controller JAX program):
+    # its ranks share a pid and a pair of files, told apart by their device
+    one_process_per_host: bool = False
     workers: int = 0  # writer processes; 0 = one per CPU (at most 2 per file set)
     _dp: int = field(init=False, repr=False, default=0)
 
@@ -97,6 +100,11 @@ def _check_layout(cfg: SimConfig) -> None:
     _need(cfg.clock_offset_us >= 0 and cfg.drift_ppm >= 0, "clock settings must be >= 0")
     _need(cfg.interval_ms >= 1, "interval must be >= 1 ms")
     _need(cfg.tp_layers >= 1 and cfg.dp_buckets >= 1, "tp_layers and dp_buckets must be >= 1")
+    _need(
+        not cfg.one_process_per_host or cfg.ranks_per_host <= 8,
+        f"--one-process-per-host: {cfg.ranks_per_host} ranks per host, but a simulated "
+        "process drives at most 8 GPUs (devices 0-7)",
+    )
 
 
 def _check_rank_step(what: str, rank: int, step: int, cfg: SimConfig) -> None:

@@ -96,6 +96,8 @@ def build_layout(cfg: SimConfig, rng: np.random.Generator) -> Layout:
     host_of = np.arange(cfg.ranks) // cfg.ranks_per_host
     hostnames = [f"sim-node{h:03d}" for h in range(cfg.hosts)]
     pids = 1000 + rng.choice(4_000_000, size=cfg.ranks, replace=False)
+    if cfg.one_process_per_host:  # every rank of a host in its first rank's process
+        pids = pids[host_of * cfg.ranks_per_host]
     comms: dict[str, list[Comm]] = {}
     group_of, comm_rank = {}, {}
     for kind, (group, in_group) in _group_arrays(cfg).items():

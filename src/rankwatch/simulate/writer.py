@@ -6,7 +6,9 @@ only its share of the ranks, so nothing but a small summary crosses processes.
 
 from __future__ import annotations
 
+import heapq
 import os
+import re
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,6 +23,12 @@ from rankwatch.simulate.timeline import Engine, InFlight
 from rankwatch.simulate.topology import Layout, Phase, build_layout, step_schedule
 
 RECORDS_PER_CHUNK = 1_000_000
+SUFFIXES = (".log", ".rwstate.jsonl")
+# the time of a line, by which the lines of a process's ranks are merged
+_LINE_TIME = {
+    ".log": re.compile(rb'"dump_timestamp_us":(\d+)'),
+    ".rwstate.jsonl": re.compile(rb'"ts_ns":(\d+)'),
+}
 HANG_KILL_AFTER_NS = 30e9  # a hung job is killed this long after its last op
 
 
@@ -74,9 +82,11 @@ class _RankWriter:
         self.state = RankState(
             self.ctx, job.layout, job.phases, job.clocks, tick_phase * job.cfg.interval_ms * 1e6
         )
-        stem = outdir / job.file_stem(rank)
-        self.ops_file = open(f"{stem}.log", "wb")  # noqa: SIM115 - closed in close()
-        self.state_file = open(f"{stem}.rwstate.jsonl", "wb")  # noqa: SIM115
+        ops, state = (outdir / (job.file_stem(rank) + s) for s in SUFFIXES)
+        if job.cfg.one_process_per_host:  # merged into the process's files (merge_parts)
+            ops, state = (_part(path, rank) for path in (ops, state))
+        self.ops_file = open(ops, "wb")  # noqa: SIM115 - closed in close()
+        self.state_file = open(state, "wb")  # noqa: SIM115
         self.ops_written = 0
         self.p2p_written = 0
         self._write_state(self.state.comm_records())
@@ -133,7 +143,42 @@ def write_job(cfg: SimConfig, outdir: Path) -> list[WorkerSummary]:
     workers = worker_count(cfg)
     shares = [list(range(w, cfg.ranks, workers)) for w in range(workers)]
     if workers == 1:
-        return [_write_share(cfg, shares[0], str(outdir))]
-    with ProcessPoolExecutor(max_workers=workers) as pool:
-        futures = [pool.submit(_write_share, cfg, share, str(outdir)) for share in shares]
-        return [f.result() for f in futures]
+        summaries = [_write_share(cfg, shares[0], str(outdir))]
+    else:
+        with ProcessPoolExecutor(max_workers=workers) as pool:
+            futures = [pool.submit(_write_share, cfg, share, str(outdir)) for share in shares]
+            summaries = [f.result() for f in futures]
+    if cfg.one_process_per_host:
+        merge_parts(Job.build(cfg), outdir)
+    return summaries
+
+
+def _part(path: Path, rank: int) -> Path:
+    return path.with_name(f"{path.name}.rank{rank}.part")
+
+
+def merge_parts(job: Job, outdir: Path) -> None:
+    """One process per host: its ranks' lines, written apart, merged by time into the
+    process's files (interleaved as one plugin instance writes them; each rank's
+    lines keep their order), the parts removed."""
+    ranks_of: dict[str, list[int]] = {}
+    for rank in range(job.cfg.ranks):
+        ranks_of.setdefault(job.file_stem(rank), []).append(rank)
+    for stem, ranks in ranks_of.items():
+        for suffix in SUFFIXES:
+            parts = [_part(outdir / (stem + suffix), r) for r in ranks]
+            when = _LINE_TIME[suffix]
+
+            def key(line: bytes, when: re.Pattern[bytes] = when) -> int:
+                found = when.search(line)
+                return int(found.group(1)) if found else 0
+
+            streams = [p.open("rb") for p in parts]
+            try:
+                with (outdir / (stem + suffix)).open("wb") as out:
+                    out.writelines(heapq.merge(*streams, key=key))
+            finally:
+                for f in streams:
+                    f.close()
+            for p in parts:
+                p.unlink()
