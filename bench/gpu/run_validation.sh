@@ -7,7 +7,7 @@
 #   OUT=/some/dir bash bench/gpu/run_validation.sh [RUN...]
 #
 # RUN names (default: all): ddp-healthy ddp-gpu ddp-host ddp-hang fsdp-healthy fsdp-gpu
-# ddp-gpu-profiled jax. Needs the rankwatch wheel (and click's) in .whl/ at the
+# ddp-gpu-profiled jax jax-gpu. Needs the rankwatch wheel (and click's) in .whl/ at the
 # repository root.
 #
 # $OUT afterwards:
@@ -58,6 +58,19 @@ run_jax() {
   tail -n 8 "$dir/job.log"
 }
 
+# the JAX program of one process driving both GPUs, GPU 1 slow from step 30
+run_jax_gpu() {
+  local dir="$runs_dir/jax-gpu"
+  mkdir -p "$dir"
+  local t0=$SECONDS rc
+  timeout -k 10 300 "$PYTHON" -m rankwatch run --dump-dir "$dir/dump" -- \
+    "$PYTHON" "$here/jax_straggler.py" --out "$dir/job" --steps 60 --slow-device 1 \
+    --slow-from 30 >"$dir/job.log" 2>&1
+  rc=$?
+  echo "jax-gpu rc=$rc wall_s=$((SECONDS - t0))" | tee -a "$work/rcs.txt"
+  tail -n 8 "$dir/job.log"
+}
+
 do_run() {
   case $1 in
     ddp-healthy) train ddp-healthy 240 --steps 50 --graph-metric ;;
@@ -70,6 +83,7 @@ do_run() {
     ddp-gpu-profiled)
       train ddp-gpu-profiled 240 --steps 26 --fault gpu --fault-step 20 --profile-steps 17:23 ;;
     jax) run_jax ;;
+    jax-gpu) run_jax_gpu ;;
     *) echo "unknown run $1" ;;
   esac
 }
@@ -101,7 +115,7 @@ main() {
   step "install the rankwatch wheel"
   install_wheels || { echo "wheel install failed"; return 1; }
   local runs=("$@")
-  ((${#runs[@]})) || runs=(ddp-healthy ddp-gpu ddp-host ddp-hang fsdp-healthy fsdp-gpu ddp-gpu-profiled jax)
+  ((${#runs[@]})) || runs=(ddp-healthy ddp-gpu ddp-host ddp-hang fsdp-healthy fsdp-gpu ddp-gpu-profiled jax jax-gpu)
   for r in "${runs[@]}"; do
     step "run $r"
     do_run "$r"

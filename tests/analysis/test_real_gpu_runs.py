@@ -136,7 +136,31 @@ def test_jax_program_is_recorded_and_read():
     assert s["findings"] == []
 
 
-@pytest.mark.parametrize("name", ["ddp-healthy", "ddp-gpu", "ddp-host", "fsdp-gpu", "jax"])
+def test_a_slow_gpu_of_a_jax_process_driving_both_is_named_by_its_rank():
+    """One JAX process drove both GPUs; GPU 1 got extra work from step 30 (the step's
+    ReduceScatter #31, after the compile call's #0). Before ranks were told apart by
+    device, both were one process and no rank could be named."""
+    s = analyze((RUNS / "jax-gpu" / "dump",), store=None, quiet=True)
+    job = json.loads((RUNS / "jax-gpu" / "job" / "jax-straggler.json").read_text())
+    assert (s["job"]["ranks"], s["job"]["processes"]) == (2, 1)
+    assert [(r["world_rank"], r["device"]) for r in s["ranks"]] == [(0, 0), (1, 1)]
+    [f] = s["findings"]
+    assert (f["kind"], f["rank"], f["cause"]) == ("straggler", job["slow_device"], "gpu")
+    assert (f["evidence"]["onset"]["func"], f["since"]["seq"]) == (
+        "ReduceScatter",
+        job["slow_from_step"] + 1,
+    )
+    # the rank's own share of the slower steps: less than all the step time added
+    # (the one host thread driving both GPUs was delayed too, for both ranks alike)
+    added_s = sum(job["step_ms"][job["slow_from_step"] :]) / 1e3 - (
+        (job["steps"] - job["slow_from_step"]) * job["median_step_ms_before"] / 1e3
+    )
+    assert 0.2 * added_s < f["cost_s"] < added_s
+
+
+@pytest.mark.parametrize(
+    "name", ["ddp-healthy", "ddp-gpu", "ddp-host", "fsdp-gpu", "jax", "jax-gpu"]
+)
 def test_findings_do_not_depend_on_how_the_records_are_batched(name: str) -> None:
     """A live monitor feeds the detectors in small batches, `analyze` in large ones:
     the same records give the same findings, from the same op on. (Real records
