@@ -111,7 +111,8 @@ def _late_lines(s: dict[str, Any]) -> list[str]:
                       r["mean_last_gpu_lag_ns"], "last to start on the GPU"),
         ]  # fmt: skip
         text = "; ".join(p for p in parts if p)
-        lines.append(f"  rank {r['world_rank']} ({r['host']}): {text}")
+        gpu = f", GPU {r['device']}" if r.get("device") is not None else ""
+        lines.append(f"  rank {r['world_rank']} ({r['host']}{gpu}): {text}")
     bound = s["clock"]["max_bound_ns"]
     if bound:
         lines.append(
