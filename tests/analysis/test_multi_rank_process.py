@@ -11,7 +11,7 @@ import json
 import pytest
 
 from rankwatch.cli.analyze import analyze
-from rankwatch.simulate import SimConfig, SlowFault, simulate
+from rankwatch.simulate import DesyncFault, HangFault, SimConfig, SlowFault, simulate
 
 SLOW_RANK = 5
 
@@ -67,3 +67,26 @@ def test_findings_are_the_same_as_with_one_process_per_rank(jobs) -> None:
         SLOW_RANK,
         "gpu",
     )
+
+
+@pytest.mark.parametrize(
+    "fault",
+    [
+        {"hang": HangFault(5, 30)},
+        {"desync": DesyncFault(6, 30, "size")},
+        {"slow": SlowFault(3, 25, "host", 3000), "pp": 2},
+        {"slow": SlowFault(2, 25, "transfer", 3000)},
+    ],
+    ids=["hang", "desync", "host", "transfer"],
+)
+def test_every_kind_of_finding_names_the_same_rank(tmp_path, fault: dict) -> None:
+    """Hangs (from progress records, whose rank is mapped to its device through the
+    communicator), desyncs and stragglers of every cause: as with a process per rank."""
+    cfg = SimConfig(**{"ranks": 8, "hosts": 2, "tp": 2, "steps": 60, **fault})
+    simulate(cfg, tmp_path / "per-rank")
+    simulate(dataclasses.replace(cfg, one_process_per_host=True), tmp_path / "per-host")
+    apart = analyze((tmp_path / "per-rank",), store=None, quiet=True)
+    together = analyze((tmp_path / "per-host",), store=None, quiet=True)
+    assert together["job"]["processes"] == 2
+    assert _key(apart)
+    assert _key(together) == _key(apart)
