@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from pathlib import Path
 
 import pytest
 
@@ -89,4 +90,35 @@ def test_every_kind_of_finding_names_the_same_rank(tmp_path, fault: dict) -> Non
     together = analyze((tmp_path / "per-host",), store=None, quiet=True)
     assert together["job"]["processes"] == 2
     assert _key(apart)
+    assert _key(together) == _key(apart)
+
+
+def _drop_devices(path: Path, which) -> None:  # noqa: ANN001 - which(line number, record)
+    lines = []
+    for i, line in enumerate(path.read_text().splitlines()):
+        record = json.loads(line)
+        obj = record.get("rankwatch", record)
+        if which(i, obj):
+            obj["device"] = None
+        lines.append(json.dumps(record))
+    path.write_text("\n".join(lines) + "\n")
+
+
+def test_records_without_a_device_still_name_their_rank(tmp_path: Path) -> None:
+    """Some op records of one GPU without a device (as from a communicator whose CUDA
+    device could not be read), and a process's `comm` state records without one: each
+    op is placed by its communicator and rank, so no rank is split or counted twice."""
+    cfg = SimConfig(ranks=8, hosts=2, tp=2, steps=60, seed=3,
+                    slow=SlowFault(SLOW_RANK, 20, "gpu", 3000))  # fmt: skip
+    simulate(cfg, tmp_path / "per-rank")
+    simulate(dataclasses.replace(cfg, one_process_per_host=True), tmp_path / "per-host")
+    first, second = sorted((tmp_path / "per-host").glob("*.log"))
+    _drop_devices(first, lambda i, r: r.get("device") == 1 and i % 2 == 0)
+    state = second.with_name(second.name.replace(".log", ".rwstate.jsonl"))
+    _drop_devices(state, lambda i, r: r.get("kind") == "comm")
+    apart = analyze((tmp_path / "per-rank",), store=None, quiet=True)
+    together = analyze((tmp_path / "per-host",), store=None, quiet=True)
+    ranks = together["ranks"]
+    assert [r["world_rank"] for r in ranks] == list(range(8))
+    assert {r["ops"] for r in ranks} == {together["job"]["op_records"] // 8}
     assert _key(together) == _key(apart)

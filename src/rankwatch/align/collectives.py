@@ -29,19 +29,19 @@ ReduceScatter (n-1)/n with traffic msg x n; others 1.
 from __future__ import annotations
 
 from rankwatch.align.clock import correction_sql
-from rankwatch.align.ranks import process_join_sql
 from rankwatch.model import Run
 
 OPS_ALIGNED_SQL = f"""
 CREATE OR REPLACE VIEW ops_aligned AS
-SELECT o.*, p.world_rank,
+SELECT o.*, m.world_rank,
        {correction_sql("o.arrival_ns")} AS arrival_c,
        {correction_sql("o.gpu_start_ns")} AS gpu_start_c,
        {correction_sql("o.gpu_end_ns")} AS gpu_end_c,
        c.bound_ns AS clock_bound_ns
 FROM ops o
 LEFT JOIN host_clock c ON c.host = o.host
-LEFT JOIN processes p ON {process_join_sql("p", "o")}
+LEFT JOIN rank_map m ON m.comm_key = o.comm_key AND m.rank = o.rank AND m.host = o.host
+    AND m.pid = o.pid
 """
 
 # The rows of collectives, with corrected times. A view, read twice below, so that

@@ -11,8 +11,8 @@ several ranks), multi_rank, world_rank. Its job-wide rank is its rank in the
 world communicator, taken to be the communicator with the most ranks (ties: the
 one seen from the most processes, then with the most ops). The `rank_map` table
 gives every (communicator, rank) its process and world rank, which is also how
-ranks of different communicators relate to each other. Join ops to processes
-with `process_join_sql()`.
+ranks of different communicators relate to each other, and how ops find their
+rank: by (comm_key, rank, host, pid), whatever device their own record names.
 
 Communicators are keyed by `comm_key` (the id cut to NCCL Inspector's 14 hex
 digits, leading zeros dropped) so rankwatch and Inspector records join.
@@ -55,23 +55,27 @@ SELECT coalesce(s.comm_key, d.comm_key) AS comm_key,
 FROM seen s FULL OUTER JOIN declared d ON s.comm_key = d.comm_key
 """
 
-# Every (communicator, rank) seen, with its process; `device` is kept only for
-# processes that hold several ranks of one communicator (multi_rank), so that a
-# process's device-less records (NCCL Inspector's) and its state records (with
-# the device) still name one rank. A device of -1 stands for "unknown" (a key
-# column cannot be null in the joins below).
+# Every (communicator, rank) seen, once, with its process and device: the device
+# any of its records names (op records and `comm` state records may differ: NCCL
+# Inspector's records and a communicator whose CUDA device could not be read have
+# none). The device is kept only for processes that hold several ranks of one
+# communicator (multi_rank); -1 stands for "unknown" (a join key cannot be null).
 MEMBERS_SQL = """
 CREATE OR REPLACE TEMP TABLE comm_members AS
 WITH seen AS (
-    SELECT DISTINCT comm_key, rank, host, pid, device FROM ops
-    UNION
-    SELECT '0x' || left(ltrim(lower(substr(comm_id, 3)), '0'), 14), rank, host, pid, device
-    FROM comms
+    SELECT comm_key, rank, host, pid, max(device) AS device
+    FROM (
+        SELECT DISTINCT comm_key, rank, host, pid, device FROM ops
+        UNION ALL
+        SELECT '0x' || left(ltrim(lower(substr(comm_id, 3)), '0'), 14), rank, host, pid, device
+        FROM comms
+    ) AS records
+    GROUP BY comm_key, rank, host, pid
 ), multi AS (
     SELECT DISTINCT host, pid FROM seen GROUP BY comm_key, host, pid
     HAVING count(DISTINCT rank) > 1
 )
-SELECT DISTINCT s.comm_key, s.rank, s.host, s.pid,
+SELECT s.comm_key, s.rank, s.host, s.pid,
        CASE WHEN m.pid IS NOT NULL THEN coalesce(s.device, -1) ELSE -1 END AS device,
        m.pid IS NOT NULL AS multi_rank
 FROM seen s LEFT JOIN multi m ON m.host = s.host AND m.pid = s.pid
@@ -103,17 +107,6 @@ FROM comm_members m
 JOIN communicators c ON c.comm_key = m.comm_key
 JOIN processes p ON p.host = m.host AND p.pid = m.pid AND coalesce(p.device, -1) = m.device
 """
-
-
-def process_join_sql(p: str, o: str) -> str:
-    """The join condition of a row of `processes` (alias p) and a row with host,
-    pid and device (alias o, e.g. an op): the device counts only for a process
-    that holds several ranks. Plain SQL (no IS NOT DISTINCT FROM) so that it
-    transpiles to other engines."""
-    return (
-        f"{p}.host = {o}.host AND {p}.pid = {o}.pid AND coalesce({p}.device, -1) = "
-        f"CASE WHEN {p}.multi_rank THEN coalesce({o}.device, -1) ELSE -1 END"
-    )
 
 
 def world_comm(run: Run) -> str | None:

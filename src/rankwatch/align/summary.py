@@ -10,7 +10,6 @@ from __future__ import annotations
 from typing import Any
 
 from rankwatch.align.clock import ClockEstimate
-from rankwatch.align.ranks import process_join_sql
 from rankwatch.model import Run
 
 LATE_RANKS = 5
@@ -94,7 +93,7 @@ def communicators(run: Run) -> list[dict[str, Any]]:
 def ranks(run: Run) -> list[dict[str, Any]]:
     return _rows(
         run,
-        f"""
+        """
         SELECT p.world_rank, p.host, p.pid, p.device, p.in_world_comm,
                coalesce(o.ops, 0) AS ops, l.times_last_arrival, l.arrival_lag_caused_ns,
                l.mean_last_arrival_lag_ns, l.times_last_gpu_start, l.gpu_lag_caused_ns,
@@ -102,10 +101,12 @@ def ranks(run: Run) -> list[dict[str, Any]]:
                l.significant_last_gpu_starts, l.max_lag_bound_ns
         FROM processes p
         LEFT JOIN (
-            SELECT q.world_rank, sum(n.ops) AS ops
-            FROM (SELECT host, pid, device, count(*) AS ops FROM ops GROUP BY 1, 2, 3) n
-            JOIN processes q ON {process_join_sql("q", "n")}
-            GROUP BY q.world_rank
+            SELECT m.world_rank, sum(n.ops) AS ops
+            FROM (SELECT comm_key, rank, host, pid, count(*) AS ops FROM ops
+                  GROUP BY 1, 2, 3, 4) n
+            JOIN rank_map m ON m.comm_key = n.comm_key AND m.rank = n.rank
+                AND m.host = n.host AND m.pid = n.pid
+            GROUP BY m.world_rank
         ) o ON o.world_rank = p.world_rank
         LEFT JOIN rank_lateness l ON l.world_rank = p.world_rank
         ORDER BY p.world_rank""",

@@ -12,7 +12,6 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from rankwatch.align.ranks import process_join_sql
 from rankwatch.detect.columns import NF, REASONS, STATES, OpColumns, ProgressColumns
 from rankwatch.detect.robust import nanmax
 from rankwatch.detect.topology import COLL_FUNCS, Topology, func_case_sql
@@ -25,10 +24,14 @@ TAIL_WINDOW_NS = 250e6  # progress-only windows after the last op
 def _register(run: Run, topo: Topology) -> None:
     con = run.con
     con.execute(
-        "CREATE OR REPLACE TEMP TABLE rw_det_procs "
-        "(host VARCHAR, pid BIGINT, device INTEGER, multi_rank BOOLEAN, proc BIGINT)"
+        "CREATE OR REPLACE TEMP TABLE rw_det_procs (world_rank BIGINT, host VARCHAR, "
+        "pid BIGINT, first_of_process BOOLEAN, proc BIGINT)"
     )
-    procs = [[p.host, p.pid, p.device, p.multi_rank, i] for i, p in enumerate(topo.procs)]
+    first = {(p.host, p.pid): i for i, p in reversed(list(enumerate(topo.procs)))}
+    procs = [
+        [p.world_rank, p.host, p.pid, first[(p.host, p.pid)] == i, i]
+        for i, p in enumerate(topo.procs)
+    ]
     if procs:
         con.executemany("INSERT INTO rw_det_procs VALUES (?, ?, ?, ?, ?)", procs)
     con.execute("CREATE OR REPLACE TEMP TABLE rw_det_comms (comm_key VARCHAR, comm BIGINT)")
@@ -64,7 +67,7 @@ SELECT p.proc, c.comm, o.rank, {func_case_sql("o.func")} AS func, coalesce(o.seq
        coalesce(o.peer, -1) AS peer, coalesce(o.msg_bytes, -1) AS msg,
        coalesce(o.root, -1) AS root, {times}
 FROM ops_aligned o
-JOIN rw_det_procs p ON {process_join_sql("p", "o")}
+JOIN rw_det_procs p ON p.world_rank = o.world_rank
 JOIN rw_det_comms c ON c.comm_key = o.comm_key
 WHERE o.kind IN ('coll', 'p2p') AND o.seq IS NOT NULL
 ORDER BY greatest(coalesce(o.gpu_end_c, o.arrival_c), o.arrival_c), p.proc
@@ -72,6 +75,9 @@ ORDER BY greatest(coalesce(o.gpu_end_c, o.arrival_c), o.arrival_c), p.proc
 
 
 def progress_sql(t0: int) -> str:
+    # A progress record's rank is found through its communicator and rank in that
+    # communicator (rank_map), which also tells apart the ranks of a process that
+    # holds several; one that no other record names goes to its process's first rank.
     per_func = ", ".join(
         f"coalesce(map_extract(g.colls, '{f}')[1].{k}, -1) AS {k}_{i}"
         for k in ("enqueued", "started", "completed")
@@ -98,8 +104,9 @@ FROM progress g
 JOIN rw_det_comms c ON c.comm_key = '0x' || left(ltrim(lower(substr(g.comm_id, 3)), '0'), 14)
 LEFT JOIN rank_map m ON m.comm_key = c.comm_key AND m.rank = g.rank AND m.host = g.host
     AND m.pid = g.pid
-JOIN rw_det_procs p ON p.host = g.host AND p.pid = g.pid AND coalesce(p.device, -1) =
-    CASE WHEN p.multi_rank THEN coalesce(m.device, -1) ELSE -1 END
+LEFT JOIN (SELECT host, pid, world_rank FROM rw_det_procs WHERE first_of_process) AS f
+    ON f.host = g.host AND f.pid = g.pid
+JOIN rw_det_procs p ON p.world_rank = coalesce(m.world_rank, f.world_rank)
 LEFT JOIN host_clock h ON h.host = g.host
 ORDER BY ts, p.proc
 """

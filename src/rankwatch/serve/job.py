@@ -324,23 +324,29 @@ class LiveJob:
         if c.ranks.get(rank) != proc:
             c.ranks[rank] = proc
             c.n_ranks = max(c.n_ranks, n_ranks)
-            self._changed(wall)
+            self._changed(wall, new_member=(key, rank))
         if proc not in self.members:
             self.members.add(proc)
             self._changed(wall)
 
-    def _changed(self, wall: float, new_comm: str | None = None) -> None:
+    def _changed(
+        self, wall: float, new_comm: str | None = None, new_member: tuple[str, int] | None = None
+    ) -> None:
         """The topology grew: wait to settle (warming) or schedule a rebuild (live)."""
         self.changed_wall = wall
-        if self.phase == "live" and self._topology_lacks(new_comm):
+        if self.phase == "live" and self._topology_lacks(new_comm, new_member):
             self.rebuild_at = wall + self.cfg.settle_s
 
-    def _topology_lacks(self, comm: str | None) -> bool:
+    def _topology_lacks(self, comm: str | None, member: tuple[str, int] | None = None) -> bool:
         t = self.topo
         if t is None:
             return True
         if any(k not in t.proc_of_key for k in self.members):
             return True
+        if member is not None:  # a rank of a communicator (a known process may hold several)
+            i = t.comm_of_key.get(member[0])
+            if i is None or member[1] >= len(t.members[i]) or t.members[i][member[1]] < 0:
+                return True
         if comm is not None:
             i = t.comm_of_key.get(comm)
             return i is None or (comm in self.p2p and i not in t.p2p_comms)
@@ -349,18 +355,20 @@ class LiveJob:
             for k, c in self.comms.items()
         )
 
-    def rank_rows(self) -> list[tuple[int | None, Proc, int | None]]:
-        """(world rank, its process, its device) of every rank: per rank of the
-        topology once there is one (a process may hold several), else per process."""
+    def rank_rows(self) -> list[tuple[int | None, Proc, int | None, bool]]:
+        """(world rank, its process, its device, whether it is the process's first
+        rank) of every rank: per rank of the topology once there is one (a process
+        may hold several), else per process."""
         if self.topo is None:
-            return [(p.rank, p, p.device) for p in self.procs.values()]
+            return [(p.rank, p, p.device, True) for p in self.procs.values()]
         rows, placed = [], set()
-        for t in self.topo.procs:
+        for t in sorted(self.topo.procs, key=lambda t: t.world_rank):
             p = self.procs.get((t.host, t.pid))
             if p is not None:
-                rows.append((t.world_rank, p, t.device if t.multi_rank else p.device))
+                device = t.device if t.multi_rank else p.device
+                rows.append((t.world_rank, p, device, (t.host, t.pid) not in placed))
                 placed.add((t.host, t.pid))
-        rows += [(p.rank, p, p.device) for k, p in self.procs.items() if k not in placed]
+        rows += [(p.rank, p, p.device, True) for k, p in self.procs.items() if k not in placed]
         return rows
 
     def _world_ranks(self) -> None:
@@ -368,7 +376,8 @@ class LiveJob:
         if self.topo is not None or not self.comms:
             return
         world = max(self.comms, key=lambda k: (self.comms[k].n_ranks, k))
-        for rank, proc in self.comms[world].ranks.items():
+        # a process holding several ranks: its first (smallest, assigned last)
+        for rank, proc in sorted(self.comms[world].ranks.items(), reverse=True):
             self.procs[proc].rank = rank
 
     # ------------------------------------------------------------------ phases

@@ -307,7 +307,7 @@ class LiveState:
         flagged = {f.rank: f.kind for f in findings if f.rank is not None}
         ranks = []
         rows = sorted(job.rank_rows(), key=lambda x: (x[0] is None, x[0], x[1].host, x[1].pid))
-        for r, p, device in rows:
+        for r, p, device, first in rows:
             lateness = {
                 k: (float(v[r]) if r is not None and 0 <= r < len(v) and v[r] == v[r] else None)
                 for k, v in recent.items()
@@ -334,7 +334,13 @@ class LiveState:
                     "lateness_s": lateness,
                     "lateness_total": totals,
                     "status": flagged.get(r, "ok"),
-                    "dropped": {"pool_full": p.dropped_pool_full, "stream": p.dropped_stream},
+                    # the plugin counts drops per process: on its first rank only, so
+                    # that sums over ranks count each drop once
+                    "dropped": (
+                        {"pool_full": p.dropped_pool_full, "stream": p.dropped_stream}
+                        if first
+                        else {"pool_full": 0, "stream": 0}
+                    ),
                 }
             )
         hangs = [f for f in findings if f.kind == "hang"]

@@ -158,9 +158,10 @@ def _part(path: Path, rank: int) -> Path:
 
 
 def merge_parts(job: Job, outdir: Path) -> None:
-    """One process per host: its ranks' lines, written apart, merged by time into the
-    process's files (interleaved as one plugin instance writes them; each rank's
-    lines keep their order), the parts removed."""
+    """One process per host: its ranks' lines, written apart, merged into the
+    process's files, interleaved by time as one plugin instance writes them (each
+    rank's lines keep their own order, which is by time only roughly), the parts
+    removed."""
     ranks_of: dict[str, list[int]] = {}
     for rank in range(job.cfg.ranks):
         ranks_of.setdefault(job.file_stem(rank), []).append(rank)
