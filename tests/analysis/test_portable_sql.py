@@ -10,6 +10,7 @@ sqlglot = pytest.importorskip("sqlglot")
 
 QUERIES = {
     "communicators": ranks.COMMUNICATORS_SQL,
+    "comm_members": ranks.MEMBERS_SQL,
     "processes": ranks.PROCESSES_SQL,
     "rank_map": ranks.RANK_MAP_SQL,
     "clock_obs": clock.OBS_SQL,
