@@ -122,3 +122,39 @@ def test_records_without_a_device_still_name_their_rank(tmp_path: Path) -> None:
     assert [r["world_rank"] for r in ranks] == list(range(8))
     assert {r["ops"] for r in ranks} == {together["job"]["op_records"] // 8}
     assert _key(together) == _key(apart)
+
+
+def test_a_process_using_two_devices_in_separate_communicators_holds_two_ranks() -> None:
+    """Process P drives GPU 0 in communicator A and GPU 1 in communicator B, with no
+    communicator holding both (e.g. two pipeline halves): still two ranks, in align's
+    tables and in the detectors' topology alike."""
+    import duckdb
+
+    from rankwatch.align.ranks import map_ranks
+    from rankwatch.detect.topology import Topology
+    from rankwatch.model import Run
+    from rankwatch.store.tables import create_all
+
+    con = duckdb.connect()
+    create_all(con)
+    members = [  # comm, rank, host, pid, device
+        ("0xa", 0, "h", 1, 0), ("0xa", 1, "h", 2, 2),
+        ("0xb", 0, "h", 1, 1), ("0xb", 1, "h", 3, 3),
+    ]  # fmt: skip
+    for comm, rank, host, pid, device in members:
+        con.execute(
+            "INSERT INTO ops (comm_id, comm_key, comm_name, n_ranks, rank, host, pid, device, "
+            "kind, func, seq) VALUES (?, ?, 'c', 2, ?, ?, ?, ?, 'coll', 'AllReduce', 0)",
+            [comm, comm, rank, host, pid, device],
+        )
+    run = Run(con, tables={"ops": "ops"})
+    map_ranks(run)
+    procs = con.execute(
+        "SELECT host, pid, device, multi_rank FROM processes ORDER BY pid, device"
+    ).fetchall()
+    assert procs == [("h", 1, 0, True), ("h", 1, 1, True), ("h", 2, None, False),
+                     ("h", 3, None, False)]  # fmt: skip
+    world = con.execute("SELECT count(DISTINCT world_rank) FROM processes").fetchall()[0][0]
+    assert world == 4
+    topo = Topology.from_run(run)
+    assert sorted((p.pid, p.device) for p in topo.procs) == [(1, 0), (1, 1), (2, None), (3, None)]

@@ -1,9 +1,9 @@
 """Who is who: communicators, processes, and each process's rank in the job.
 
 A rank's process is (host, pid), plus the CUDA device for a process that holds
-several ranks of one communicator (a single-controller JAX program, or one
-PyTorch process driving every GPU of a node): there each device is a rank of its
-own, and the device is what ties a rank in one communicator to the same rank in
+several ranks of one communicator or uses several devices (a single-controller JAX
+program, or one PyTorch process driving every GPU of a node): there each device is
+a rank of its own, and the device is what ties a rank in one communicator to the same rank in
 another. Such a process whose records lack the device (its CUDA runtime could
 not tell) stays one row, with the smallest of its ranks. The `processes` table
 has one row per job rank: host, pid, device (null unless the process holds
@@ -58,8 +58,9 @@ FROM seen s FULL OUTER JOIN declared d ON s.comm_key = d.comm_key
 # Every (communicator, rank) seen, once, with its process and device: the device
 # any of its records names (op records and `comm` state records may differ: NCCL
 # Inspector's records and a communicator whose CUDA device could not be read have
-# none). The device is kept only for processes that hold several ranks of one
-# communicator (multi_rank); -1 stands for "unknown" (a join key cannot be null).
+# none). The device is kept only for processes that hold several ranks (multi_rank:
+# several ranks of one communicator, or several devices); -1 stands for "unknown"
+# (a join key cannot be null).
 MEMBERS_SQL = """
 CREATE OR REPLACE TEMP TABLE comm_members AS
 WITH seen AS (
@@ -74,6 +75,8 @@ WITH seen AS (
 ), multi AS (
     SELECT DISTINCT host, pid FROM seen GROUP BY comm_key, host, pid
     HAVING count(DISTINCT rank) > 1
+    UNION
+    SELECT host, pid FROM seen GROUP BY host, pid HAVING count(DISTINCT device) > 1
 )
 SELECT s.comm_key, s.rank, s.host, s.pid,
        CASE WHEN m.pid IS NOT NULL THEN coalesce(s.device, -1) ELSE -1 END AS device,

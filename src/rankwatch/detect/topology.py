@@ -75,12 +75,18 @@ ProcKey = tuple[str, int, int | None]
 
 
 def _multi_rank(rows: list[dict]) -> set[tuple[str, int]]:
-    """Processes holding several ranks of one communicator (as align.ranks decides)."""
+    """Processes holding several ranks of one communicator, or using several
+    devices (as align.ranks decides)."""
     ranks: dict[tuple, set[int]] = {}
+    devices: dict[tuple[str, int], set[int]] = {}
     for r in rows:
-        key = (r.get("comm_key") or comm_key(r["comm_id"]), r["host"], int(r["pid"]))
+        proc = (r["host"], int(r["pid"]))
+        key = (r.get("comm_key") or comm_key(r["comm_id"]), *proc)
         ranks.setdefault(key, set()).add(int(r["rank"]))
-    return {(h, p) for (_, h, p), seen in ranks.items() if len(seen) > 1}
+        if r.get("device") is not None:
+            devices.setdefault(proc, set()).add(int(r["device"]))
+    multi = {(h, p) for (_, h, p), seen in ranks.items() if len(seen) > 1}
+    return multi | {proc for proc, seen in devices.items() if len(seen) > 1}
 
 
 def _proc_info(world_rank: int, key: ProcKey) -> ProcInfo:
