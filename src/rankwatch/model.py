@@ -102,6 +102,8 @@ class Finding:
     cost_s: float | None = None
     confidence: float = 0.0
     evidence: dict[str, Any] = field(default_factory=dict)
+    # the rank's CUDA device, when its process holds several ranks (see align.ranks)
+    device: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -146,6 +146,7 @@ def test_a_slow_gpu_of_a_jax_process_driving_both_is_named_by_its_rank():
     assert [(r["world_rank"], r["device"]) for r in s["ranks"]] == [(0, 0), (1, 1)]
     [f] = s["findings"]
     assert (f["kind"], f["rank"], f["cause"]) == ("straggler", job["slow_device"], "gpu")
+    assert f["device"] == job["slow_device"]  # one process: the GPU says which rank
     assert (f["evidence"]["onset"]["func"], f["since"]["seq"]) == (
         "ReduceScatter",
         job["slow_from_step"] + 1,

@@ -123,7 +123,8 @@ def _late_lines(s: dict[str, Any]) -> list[str]:
 
 
 def _finding_line(f: dict[str, Any]) -> str:
-    who = f"rank {f['rank']} ({f['host']})" if f.get("rank") is not None else "communicator"
+    gpu = f", GPU {f['device']}" if f.get("device") is not None else ""
+    who = f"rank {f['rank']} ({f['host']}{gpu})" if f.get("rank") is not None else "communicator"
     comm = (f.get("comm") or {}).get("name") or (f.get("comm") or {}).get("id") or "?"
     since = f.get("since") or {}
     func = ((f.get("evidence") or {}).get("onset") or {}).get("func", "")

@@ -179,11 +179,13 @@ class Topology:
         return CommRef(c.id, c.name)
 
     def who(self, proc: int | None) -> dict:
-        """rank/host/pid fields of a Finding for a process."""
+        """rank/host/pid/device fields of a Finding for a process (device: only for
+        a rank of a process holding several)."""
         if proc is None or proc < 0:
-            return {"rank": None, "host": None, "pid": None}
+            return {"rank": None, "host": None, "pid": None, "device": None}
         p = self.procs[proc]
-        return {"rank": p.world_rank, "host": p.host, "pid": p.pid}
+        device = p.device if p.multi_rank else None
+        return {"rank": p.world_rank, "host": p.host, "pid": p.pid, "device": device}
 
     def abs_ns(self, rel: float) -> int | None:
         return None if rel is None or not np.isfinite(rel) else int(self.t0_ns + round(rel))

@@ -29,7 +29,8 @@ WEBHOOK_QUEUE = 256
 
 def describe(job: str, f: Finding) -> str:
     """One line for people: what, who, where, since when."""
-    who = f"rank {f.rank} ({f.host}, pid {f.pid})" if f.rank is not None else "communicator"
+    gpu = f", GPU {f.device}" if f.device is not None else ""
+    who = f"rank {f.rank} ({f.host}, pid {f.pid}{gpu})" if f.rank is not None else "communicator"
     comm = f.comm.name or f.comm.id if f.comm is not None else None
     parts = [f"job {job}: {f.kind}: {who}"]
     if comm:
