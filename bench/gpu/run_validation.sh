@@ -7,7 +7,7 @@
 #   OUT=/some/dir bash bench/gpu/run_validation.sh [RUN...]
 #
 # RUN names (default: all): ddp-healthy ddp-gpu ddp-host ddp-hang fsdp-healthy fsdp-gpu
-# ddp-gpu-profiled jax jax-gpu. Needs the rankwatch wheel (and click's) in .whl/ at the
+# ddp-gpu-profiled jax jax-gpu jax-gpu-live. Needs the rankwatch wheel (and click's) in .whl/ at the
 # repository root.
 #
 # $OUT afterwards:
@@ -71,6 +71,20 @@ run_jax_gpu() {
   tail -n 8 "$dir/job.log"
 }
 
+# the same under `rankwatch run --monitor`, long enough for the monitor to go live
+# (20,000 steps, GPU 1 slow from step 10,000): its findings are in job.log
+run_jax_gpu_live() {
+  local dir="$runs_dir/jax-gpu-live"
+  mkdir -p "$dir"
+  local t0=$SECONDS rc
+  timeout -k 10 300 "$PYTHON" -m rankwatch run --monitor --dump-dir "$dir/dump" -- \
+    "$PYTHON" "$here/jax_straggler.py" --out "$dir/job" --steps 20000 --slow-device 1 \
+    --slow-from 10000 >"$dir/job.log" 2>&1
+  rc=$?
+  echo "jax-gpu-live rc=$rc wall_s=$((SECONDS - t0))" | tee -a "$work/rcs.txt"
+  tail -n 12 "$dir/job.log"
+}
+
 do_run() {
   case $1 in
     ddp-healthy) train ddp-healthy 240 --steps 50 --graph-metric ;;
@@ -84,6 +98,7 @@ do_run() {
       train ddp-gpu-profiled 240 --steps 26 --fault gpu --fault-step 20 --profile-steps 17:23 ;;
     jax) run_jax ;;
     jax-gpu) run_jax_gpu ;;
+    jax-gpu-live) run_jax_gpu_live ;;
     *) echo "unknown run $1" ;;
   esac
 }
@@ -115,7 +130,7 @@ main() {
   step "install the rankwatch wheel"
   install_wheels || { echo "wheel install failed"; return 1; }
   local runs=("$@")
-  ((${#runs[@]})) || runs=(ddp-healthy ddp-gpu ddp-host ddp-hang fsdp-healthy fsdp-gpu ddp-gpu-profiled jax jax-gpu)
+  ((${#runs[@]})) || runs=(ddp-healthy ddp-gpu ddp-host ddp-hang fsdp-healthy fsdp-gpu ddp-gpu-profiled jax jax-gpu jax-gpu-live)
   for r in "${runs[@]}"; do
     step "run $r"
     do_run "$r"

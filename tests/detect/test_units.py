@@ -23,6 +23,7 @@ from rankwatch.detect.robust import (
 )
 from rankwatch.detect.source import windows
 from rankwatch.detect.straggler import _inlier_ewma, _runs_at_hits
+from rankwatch.detect.topology import FUNCS
 from rankwatch.simulate import SimConfig, SlowFault, simulate
 from rankwatch.store import ingest
 
@@ -312,3 +313,40 @@ def test_a_rank_slow_on_and_off_has_the_same_episodes_in_any_batching(tmp_path: 
     assert whole[0][4] == 2
     assert key(997) == whole
     assert key(61) == whole
+
+
+def _held_back(wins: list, proc: int, func: int, late_ns: float) -> tuple[list, tuple]:
+    """The stream with one op of `proc` (of function `func`, early) moved to the
+    first batch at least late_ns after it ended: how the plugin delivers an op whose
+    channel events never came (written once a later op on its communicator has
+    finished, and at least 2 s after its enqueue)."""
+    batches = [(o, now) for o, _, now in wins if o is not None]
+    k = 2
+    ops, now = batches[k]
+    pick = int(np.flatnonzero((ops.proc == proc) & (ops.func == func))[0])
+    fields = list(ops.__dataclass_fields__)
+    moved = {f: getattr(ops, f)[pick : pick + 1] for f in fields}
+    keep = np.arange(len(ops)) != pick
+    batches[k] = (type(ops)(**{f: getattr(ops, f)[keep] for f in fields}), now)
+    ended = float(moved["gend_c"][0])
+    j = next(i for i, (_, t) in enumerate(batches) if t >= ended + late_ns)
+    o, t = batches[j]
+    batches[j] = (type(o)(**{f: np.r_[getattr(o, f), moved[f]] for f in fields}), t)
+    return batches, (int(moved["seq"][0]), FUNCS[func])
+
+
+def test_an_op_delivered_seconds_late_is_no_desync(slow_run: Path) -> None:
+    """The rank whose record is late is behind in its count of ops on the
+    communicator only until its next op of that function shows the gap in the
+    sequence numbers; before, it stayed behind until the record came, and its peer
+    looked ahead for thousands of ops: a desync."""
+    run, _ = _aligned(slow_run)
+    topo = Topology.from_run(run)
+    wins = list(windows(run, topo, 997))
+    func = FUNCS.index("AllReduce")
+    batches, (seq, name) = _held_back(wins, proc=0, func=func, late_ns=2.5e9)
+    stream = Stream(topo)
+    for ops, now in batches:
+        stream.feed(ops, None, now)
+    found = [(f.kind, f.rank, f.cause) for f in stream.close()]
+    assert found == [("straggler", 5, "gpu")], (seq, name, found)

@@ -16,7 +16,11 @@ class, sender, receiver, seq) over all communicators of a class, and an
 instance is its part on one communicator (`uid`). `op_index` counts a
 process's collectives on a communicator in issue order, which seq cannot (seq is
 per function); an op that arrives in a later batch than one issued after it
-shifts it by one for a moment, which desync.py tolerates.
+shifts it by one for a moment, which desync.py tolerates. A record that comes
+much later (the plugin writes an op whose channel events never came only once a
+later op has finished, seconds on) is inferred from the gap it leaves in its
+function's sequence numbers: the next op of that function counts it, and the late
+record itself gets no index (-1), so a rank is never a whole stretch of ops behind.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ import numpy as np
 from rankwatch.detect.columns import OpColumns
 from rankwatch.detect.records import Recs
 from rankwatch.detect.robust import run_heads, run_tails, stable_order
-from rankwatch.detect.topology import RECV, SEND, Topology
+from rankwatch.detect.topology import FUNCS, RECV, SEND, Topology
 
 STALE_SLACK_NS = 2000.0  # clock jitter allowed between one op's end and the next's start
 LOOKBACK = 3  # previous ops of a process considered for e_prev (a Send/Recv pair is 2)
@@ -86,6 +90,8 @@ class Preparer:
         self.carry_gend = np.full((n, LOOKBACK), np.nan)
         self.carry_uid = np.zeros((n, LOOKBACK), dtype=np.int64)
         self.op_count = np.zeros(topo.n_slots, dtype=np.int64)
+        # highest seq counted per (comm, rank) slot and function (-1: none yet)
+        self.last_seq = np.full((topo.n_slots, len(FUNCS)), -1, dtype=np.int64)
         self.slot_end = np.full(topo.n_slots, np.nan)  # last op's GPU end per (comm, rank)
         self.slot_start = np.full(topo.n_slots, np.nan)
 
@@ -212,14 +218,50 @@ class Preparer:
             if order is None:
                 order = np.argsort((slots.astype(np.int64) << 23) + (rel >> 17), kind="stable")
             s = slots[order]
+            missing, late = self._gaps_in_seq(s, r.func[coll][order], r.seq[coll][order])
+            step = np.where(late, 0, 1 + missing)  # what each record adds to the count
             first = np.ones(len(s), dtype=bool)
             first[1:] = s[1:] != s[:-1]
+            total = np.cumsum(step)
+            before = total - step  # counted before each record, from this batch's start
             start = np.maximum.accumulate(np.where(first, np.arange(len(s)), 0))
-            within = np.arange(len(s)) - start
-            idx[coll[order]] = self.op_count[s] + within
+            within = before - before[start]
+            idx[coll[order]] = np.where(late, -1, self.op_count[s] + within + missing)
             heads = np.flatnonzero(first)
-            self.op_count[s[heads]] += np.diff(heads, append=len(s))  # ops per slot
+            self.op_count[s[heads]] += np.add.reduceat(step, heads)  # ops per slot
         r.op_index = idx
+
+    def _gaps_in_seq(
+        self, s: np.ndarray, func: np.ndarray, seq: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """For records in issue order per slot: how many ops of the record's function
+        its seq says were issued before it and not seen (a gap after the highest seq
+        so far), and whether it is such a missing op arriving late (seq below it)."""
+        key = s.astype(np.int64) * len(FUNCS) + func
+        by_key = np.argsort(key, kind="stable")
+        k, q = key[by_key], seq[by_key].astype(np.int64)
+        head = np.ones(len(k), dtype=bool)
+        head[1:] = k[1:] != k[:-1]
+        gid = np.cumsum(head) - 1
+        span = int(q.max()) + 2 if len(q) else 1
+        carry = self.last_seq.reshape(-1)[k]
+        if (int(gid[-1]) + 1) * span < 2**62:
+            # running max within each group: offset groups apart, one accumulate
+            run = np.maximum.accumulate(gid * span + q + 1) - gid * span - 1
+        else:  # seqs too large to offset: group by group
+            run = np.concatenate(
+                [np.maximum.accumulate(part) for part in np.split(q, np.flatnonzero(head)[1:])]
+            )
+        prev = np.where(head, -1, np.r_[-1, run[:-1]])
+        prev = np.maximum(prev, carry)  # the highest seq before each record
+        known = prev >= 0
+        missing = np.where(known, np.maximum(q - prev - 1, 0), 0)
+        late = known & (q < prev)
+        tails = np.r_[head[1:], True]
+        self.last_seq.reshape(-1)[k[tails]] = np.maximum(run[tails], carry[tails])
+        out_missing, out_late = np.empty_like(missing), np.empty_like(late)
+        out_missing[by_key], out_late[by_key] = missing, late
+        return out_missing, out_late
 
 
 def _back(a: np.ndarray, k: int) -> np.ndarray:
