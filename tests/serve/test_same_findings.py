@@ -160,3 +160,29 @@ def test_a_process_holding_several_ranks_gives_the_findings_of_analyze(tmp_path:
     assert keys(live["findings"]) == offline
     assert live["records"] == record_lines(dump)
     assert sorted(r["rank"] for r in live["ranks"]) == list(range(8))
+
+
+@pytest.mark.parametrize("name", ["ddp-gpu", "jax-gpu"])
+def test_real_gpu_records_replayed_at_their_pace_give_the_findings_of_analyze(
+    tmp_path: Path, name: str
+) -> None:
+    """Records of real jobs on 2 H200 (tests/fixtures/h200x2), sent to a monitor at the
+    pace they were written: a DDP job and a JAX process driving both GPUs, each with a
+    slow GPU."""
+    import gzip
+
+    dump = tmp_path / name
+    dump.mkdir()
+    fixtures = Path(__file__).resolve().parents[1] / "fixtures" / "h200x2" / name / "dump"
+    for path in fixtures.glob("*.gz"):
+        (dump / path.name.removesuffix(".gz")).write_bytes(gzip.decompress(path.read_bytes()))
+    mon = start_monitor(tmp_path)
+    try:
+        replay(dump, mon.listen, speed=1.0)
+        live = wait_for(lambda: (j := mon.job()) and j["phase"] == "ended" and j, 120, "the end")
+    finally:
+        mon.stop()
+    offline = keys(offline_findings(dump))
+    assert offline and offline[0][:3] == ("straggler", 1, "gpu")
+    assert keys(live["findings"]) == offline
+    assert live["records"] == record_lines(dump)
