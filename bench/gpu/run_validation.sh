@@ -47,41 +47,20 @@ train() {
   tail -n 4 "$dir/job.log"
 }
 
-run_jax() {
-  local dir="$runs_dir/jax"
+# job NAME TIMEOUT_S RUN_OPTION -- SCRIPT ARGS...: one Python job through `rankwatch run`
+# (RUN_OPTION: --monitor, or - for none); its output goes to NAME/job.log
+job() {
+  local name=$1 limit=$2 option=$3
+  shift 4
+  local dir="$runs_dir/$name" script=$1
+  shift
   mkdir -p "$dir"
-  local t0=$SECONDS rc
-  timeout -k 10 300 "$PYTHON" -m rankwatch run --dump-dir "$dir/dump" -- \
-    "$PYTHON" "$here/jax_collectives.py" --out "$dir/job" >"$dir/job.log" 2>&1
+  local t0=$SECONDS rc monitor=()
+  [[ $option == --monitor ]] && monitor=(--monitor)
+  timeout -k 10 "$limit" "$PYTHON" -m rankwatch run "${monitor[@]}" --dump-dir "$dir/dump" -- \
+    "$PYTHON" "$here/$script" --out "$dir/job" "$@" >"$dir/job.log" 2>&1
   rc=$?
-  echo "jax rc=$rc wall_s=$((SECONDS - t0))" | tee -a "$work/rcs.txt"
-  tail -n 8 "$dir/job.log"
-}
-
-# the JAX program of one process driving both GPUs, GPU 1 slow from step 30
-run_jax_gpu() {
-  local dir="$runs_dir/jax-gpu"
-  mkdir -p "$dir"
-  local t0=$SECONDS rc
-  timeout -k 10 300 "$PYTHON" -m rankwatch run --dump-dir "$dir/dump" -- \
-    "$PYTHON" "$here/jax_straggler.py" --out "$dir/job" --steps 60 --slow-device 1 \
-    --slow-from 30 >"$dir/job.log" 2>&1
-  rc=$?
-  echo "jax-gpu rc=$rc wall_s=$((SECONDS - t0))" | tee -a "$work/rcs.txt"
-  tail -n 8 "$dir/job.log"
-}
-
-# the same under `rankwatch run --monitor`, long enough for the monitor to go live
-# (20,000 steps, GPU 1 slow from step 10,000): its findings are in job.log
-run_jax_gpu_live() {
-  local dir="$runs_dir/jax-gpu-live"
-  mkdir -p "$dir"
-  local t0=$SECONDS rc
-  timeout -k 10 300 "$PYTHON" -m rankwatch run --monitor --dump-dir "$dir/dump" -- \
-    "$PYTHON" "$here/jax_straggler.py" --out "$dir/job" --steps 20000 --slow-device 1 \
-    --slow-from 10000 >"$dir/job.log" 2>&1
-  rc=$?
-  echo "jax-gpu-live rc=$rc wall_s=$((SECONDS - t0))" | tee -a "$work/rcs.txt"
+  echo "$name rc=$rc wall_s=$((SECONDS - t0))" | tee -a "$work/rcs.txt"
   tail -n 12 "$dir/job.log"
 }
 
@@ -96,9 +75,13 @@ do_run() {
     fsdp-gpu) train fsdp-gpu 240 --parallel fsdp --steps 50 --fault gpu --fault-step 25 ;;
     ddp-gpu-profiled)
       train ddp-gpu-profiled 240 --steps 26 --fault gpu --fault-step 20 --profile-steps 17:23 ;;
-    jax) run_jax ;;
-    jax-gpu) run_jax_gpu ;;
-    jax-gpu-live) run_jax_gpu_live ;;
+    jax) job jax 300 - -- jax_collectives.py ;;
+    # one process driving both GPUs, GPU 1 slow from step 30
+    jax-gpu) job jax-gpu 300 - -- jax_straggler.py --steps 60 --slow-device 1 --slow-from 30 ;;
+    # the same under the monitor, long enough for it to go live: findings in job.log
+    jax-gpu-live)
+      job jax-gpu-live 300 --monitor -- jax_straggler.py --steps 20000 --slow-device 1 \
+        --slow-from 10000 ;;
     *) echo "unknown run $1" ;;
   esac
 }

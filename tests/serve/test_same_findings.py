@@ -37,12 +37,23 @@ pytestmark = needs_driver
 JOB = Job(ranks=4, steps=100, pause_us=2000, slow_rank=2, slow_from=50, slow_us=4000, job_id="same")
 
 
-def ended(mon: MonitorProc, key: str, timeout: float = 60) -> dict:
+def ended(mon: MonitorProc, key: str | None, timeout: float = 60) -> dict:
     def done() -> dict | None:
         job = mon.job(key)
         return job if job and job["phase"] == "ended" else None
 
     return wait_for(done, timeout, f"job {key} to end")
+
+
+def replayed(dump: Path, tmp: Path, key: str | None, speed: float | None = None) -> dict:
+    """The monitor's view of the job in dump once it ended, its records sent by the
+    Python sender (as fast as the monitor reads, or at `speed` times their pace)."""
+    mon = start_monitor(tmp)
+    try:
+        replay(dump, mon.listen, **({"speed": speed} if speed else {}))
+        return ended(mon, key, 120)
+    finally:
+        mon.stop()
 
 
 def check_same(scenario: Callable[[Path], tuple[dict, Path]], tmp: Path) -> None:
@@ -127,12 +138,7 @@ def test_replay_across_hosts_and_communicators_gives_the_findings_of_analyze(
     dump = tmp_path / "sim"
     slow = SlowFault(5, 30, "gpu", 2000.0)
     simulate(SimConfig(ranks=16, hosts=2, tp=2, steps=80, clock_offset_us=300, slow=slow), dump)
-    mon = start_monitor(tmp_path)
-    try:
-        replay(dump, mon.listen)
-        live = ended(mon, "sim")
-    finally:
-        mon.stop()
+    live = replayed(dump, tmp_path, "sim")
     offline = keys(offline_findings(dump))
     assert keys(live["findings"]) == offline
     assert ("straggler", 5, "gpu") in offline
@@ -149,12 +155,7 @@ def test_a_process_holding_several_ranks_gives_the_findings_of_analyze(tmp_path:
     slow = SlowFault(5, 30, "gpu", 2000.0)
     cfg = SimConfig(ranks=8, hosts=2, tp=2, steps=80, slow=slow, one_process_per_host=True)
     simulate(cfg, dump)
-    mon = start_monitor(tmp_path)
-    try:
-        replay(dump, mon.listen)
-        live = ended(mon, "sim")
-    finally:
-        mon.stop()
+    live = replayed(dump, tmp_path, "sim")
     offline = keys(offline_findings(dump))
     assert ("straggler", 5, "gpu") in offline
     assert keys(live["findings"]) == offline
@@ -176,12 +177,7 @@ def test_real_gpu_records_replayed_at_their_pace_give_the_findings_of_analyze(
     fixtures = Path(__file__).resolve().parents[1] / "fixtures" / "h200x2" / name / "dump"
     for path in fixtures.glob("*.gz"):
         (dump / path.name.removesuffix(".gz")).write_bytes(gzip.decompress(path.read_bytes()))
-    mon = start_monitor(tmp_path)
-    try:
-        replay(dump, mon.listen, speed=1.0)
-        live = wait_for(lambda: (j := mon.job()) and j["phase"] == "ended" and j, 120, "the end")
-    finally:
-        mon.stop()
+    live = replayed(dump, tmp_path, None, speed=1.0)
     offline = keys(offline_findings(dump))
     assert offline and offline[0][:3] == ("straggler", 1, "gpu")
     assert keys(live["findings"]) == offline
