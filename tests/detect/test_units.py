@@ -350,3 +350,30 @@ def test_an_op_delivered_seconds_late_is_no_desync(slow_run: Path) -> None:
         stream.feed(ops, None, now)
     found = [(f.kind, f.rank, f.cause) for f in stream.close()]
     assert found == [("straggler", 5, "gpu")], (seq, name, found)
+
+
+def test_an_op_in_flight_after_a_later_one_completed_is_no_hang(slow_run: Path) -> None:
+    """A progress record shows an op in flight for 5 s whose rank has already completed
+    later ops of the same function on the communicator (its last channel event never
+    came; the plugin writes it later, marked incomplete): seen live on 2 H200, where it
+    raised a hang alert that the next progress record withdrew."""
+    from rankwatch.detect.columns import STATES
+
+    run, _ = _aligned(slow_run)
+    topo = Topology.from_run(run)
+    wins = list(windows(run, topo, 997))
+    k = next(i for i, (_, p, _) in enumerate(wins) if p is not None and i >= len(wins) // 2)
+    ops, prog, now = wins[k]
+    prog = prog.take(np.arange(len(prog)))  # a copy to change
+    row, func = 0, FUNCS.index("AllReduce")
+    assert prog.done[row, func] > 10
+    prog.in_flight[row] = 1
+    prog.if_func[row], prog.if_seq[row] = func, prog.done[row, func] - 10
+    prog.if_state[row] = STATES.index("gpu_started")
+    prog.if_age[row] = 5e9
+    wins[k] = (ops, prog, now)
+    stream = Stream(topo)
+    for i, (ops, progress, now) in enumerate(wins):
+        stream.feed(ops, progress, now)
+        assert "hang" not in [f.kind for f in stream.findings()], f"window {i}"
+    assert [(f.kind, f.rank) for f in stream.close()] == [("straggler", 5)]

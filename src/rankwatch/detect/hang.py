@@ -127,6 +127,13 @@ class HangDetector:
 
     def _stuck(self, final: bool) -> np.ndarray:
         flying = self.has & (self.in_flight > 0)
+        # Ops of one function on a communicator complete in order: one whose rank has
+        # completed a later op of that function is done, only its record is pending
+        # (a channel event that never came; the plugin writes it 2 s on), not a hang.
+        f = np.clip(self.if_func, 0, NF - 1)
+        passed = (self.if_func >= 0) & (self.if_func < NF)
+        passed &= self.done[np.arange(len(f)), f] >= self.if_seq
+        flying &= ~passed
         old = flying & (self.if_age >= self._threshold())
         if final:  # records ended without teardown while ops were in flight
             old |= flying & (self.reason == INTERVAL) & (self.if_age >= KILLED_MIN_AGE_NS)
