@@ -27,7 +27,7 @@ def _register(run: Run, topo: Topology) -> None:
         "CREATE OR REPLACE TEMP TABLE rw_det_procs (world_rank BIGINT, host VARCHAR, "
         "pid BIGINT, first_of_process BOOLEAN, proc BIGINT)"
     )
-    first = {(p.host, p.pid): i for i, p in reversed(list(enumerate(topo.procs)))}
+    first = topo.proc_of_key  # (host, pid): the process's first rank
     procs = [
         [p.world_rank, p.host, p.pid, first[(p.host, p.pid)] == i, i]
         for i, p in enumerate(topo.procs)

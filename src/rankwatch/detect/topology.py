@@ -68,10 +68,20 @@ class ProcInfo:
     device: int | None = None
     multi_rank: bool = False
 
+    @property
+    def key(self) -> ProcKey:
+        return _key(self.host, self.pid, self.device, self.multi_rank)
+
 
 # A rank's key: (host, pid, device), device None unless the process holds several
 # ranks of one communicator (then -1 when its records do not say).
 ProcKey = tuple[str, int, int | None]
+
+
+def _key(host: str, pid: int, device: int | None, multi: bool) -> ProcKey:
+    if not multi:
+        return (host, int(pid), None)
+    return (host, int(pid), -1 if device is None else int(device))
 
 
 def _multi_rank(rows: list[dict]) -> set[tuple[str, int]]:
@@ -97,10 +107,7 @@ def _proc_info(world_rank: int, key: ProcKey) -> ProcInfo:
 
 def proc_key(row: dict, multi: set[tuple[str, int]]) -> ProcKey:
     host, pid = row["host"], int(row["pid"])
-    if (host, pid) not in multi:
-        return (host, pid, None)
-    device = row.get("device")
-    return (host, pid, -1 if device is None else int(device))
+    return _key(host, pid, row.get("device"), (host, pid) in multi)
 
 
 @dataclass
@@ -118,11 +125,11 @@ class Topology:
 
     def __post_init__(self) -> None:
         # (host, pid, device) names a rank (see ProcKey); (host, pid) a process, by its
-        # first rank (the live monitor tracks processes: their streams and exits)
+        # first rank (procs are in world-rank order; the live monitor tracks
+        # processes: their streams and exits)
         self.proc_of_key: dict[tuple, int] = {}
         for i, p in enumerate(self.procs):
-            device = (-1 if p.device is None else p.device) if p.multi_rank else None
-            self.proc_of_key[(p.host, p.pid, device)] = i
+            self.proc_of_key[p.key] = i
             self.proc_of_key.setdefault((p.host, p.pid), i)
         self.comm_of_key = {c.key: i for i, c in enumerate(self.comms)}
         sizes = np.array(
@@ -184,8 +191,7 @@ class Topology:
         if proc is None or proc < 0:
             return {"rank": None, "host": None, "pid": None, "device": None}
         p = self.procs[proc]
-        device = p.device if p.multi_rank else None
-        return {"rank": p.world_rank, "host": p.host, "pid": p.pid, "device": device}
+        return {"rank": p.world_rank, "host": p.host, "pid": p.pid, "device": p.device}
 
     def abs_ns(self, rel: float) -> int | None:
         return None if rel is None or not np.isfinite(rel) else int(self.t0_ns + round(rel))
@@ -267,7 +273,7 @@ class Topology:
             ).fetchall()
         ]
         world = {
-            (h, int(p), (-1 if d is None else int(d)) if multi else None): int(w)
+            _key(h, p, d, multi): int(w)
             for h, p, d, multi, w in con.execute(
                 "SELECT host, pid, device, multi_rank, world_rank FROM processes"
             ).fetchall()

@@ -361,14 +361,14 @@ class LiveJob:
         may hold several), else per process."""
         if self.topo is None:
             return [(p.rank, p, p.device, True) for p in self.procs.values()]
-        rows, placed = [], set()
-        for t in sorted(self.topo.procs, key=lambda t: t.world_rank):
+        topo, rows = self.topo, []
+        for i, t in enumerate(topo.procs):
             p = self.procs.get((t.host, t.pid))
             if p is not None:
                 device = t.device if t.multi_rank else p.device
-                rows.append((t.world_rank, p, device, (t.host, t.pid) not in placed))
-                placed.add((t.host, t.pid))
-        rows += [(p.rank, p, p.device, True) for k, p in self.procs.items() if k not in placed]
+                rows.append((t.world_rank, p, device, topo.proc_of_key[(t.host, t.pid)] == i))
+        rows += [(p.rank, p, p.device, True) for k, p in self.procs.items()
+                 if k not in topo.proc_of_key]  # fmt: skip
         return rows
 
     def _world_ranks(self) -> None:
@@ -400,13 +400,10 @@ class LiveJob:
             return
         align_for_detection(self.run)
         self.topo = Topology.from_run(self.run)
-        first: dict[PROC, int] = {}  # a process holding several ranks: its first
-        for proc in self.topo.procs:
-            key = (proc.host, proc.pid)
-            first[key] = min(first.get(key, proc.world_rank), proc.world_rank)
-        for key, rank in first.items():
-            if key in self.procs:
-                self.procs[key].rank = rank
+        for key, p in self.procs.items():  # a process holding several ranks: its first
+            i = self.topo.proc_of_key.get(key)
+            if i is not None:
+                p.rank = self.topo.procs[i].world_rank
         self.stream = Stream(self.topo, self.cfg.detect)
         self.early = Stream(self.topo, self.cfg.detect, detectors=[HangDetector])
         self.phase, self.rebuild_at = "live", None

@@ -46,11 +46,6 @@ from rankwatch.store.tables import OP_COLUMNS, OP_GROUP_FIELDS, op_json_columns
 LIB_FILENAME = "librankwatch-rwparse.so"
 CHUNK_ROWS = 1 << 15  # rows per Arrow batch: about 12 MB of column buffers
 ROUND_ROWS = 1 << 19  # rows per INSERT statement (see load_files)
-# Parsed chunks that may wait for the inserting thread: one round's worth, so the
-# parsing threads keep working while the tables are compressed between rounds
-# (single-threaded, about 2 CPU s per million records) instead of stalling on a
-# full queue. Costs up to a round of Arrow buffers (about 200 MB) in memory.
-QUEUE_CHUNKS = ROUND_ROWS // CHUNK_ROWS
 GZIP_BLOCK = 1 << 23
 MAX_FLAGS = 64  # RWP_MAX_FLAGS
 
@@ -648,9 +643,7 @@ def load_files(
         return outcomes
     pending = list(reversed(files))
     lock = threading.Lock()
-    items: queue.Queue[tuple[str, RecordFile | None, Any]] = queue.Queue(
-        maxsize=max(workers + 1, QUEUE_CHUNKS)
-    )
+    items: queue.Queue[tuple[str, RecordFile | None, Any]] = queue.Queue(maxsize=workers + 1)
     stop = threading.Event()
     failures: list[BaseException] = []
 
