@@ -1,7 +1,8 @@
 """Detectors: the evaluation suite at scale, detection speed, and memory vs job length.
 
 Usage: python bench/detect_eval.py [--suite] [--large] [--speed] [--baseline DIR]
-                                   [--repeat N] [--workdir DIR] [--json FILE]
+                                   [--repeat N] [--false-alarms SEEDS]
+                                   [--workdir DIR] [--json FILE]
 
 --suite     the CI suite (tests/detect/detect_scenarios.py SUITE) plus its table
 --large     the same kinds of scenario at 256 and 1,024 ranks
@@ -16,6 +17,12 @@ Usage: python bench/detect_eval.py [--suite] [--large] [--speed] [--baseline DIR
             directory holding its modules, e.g. an earlier commit's, from
             `git archive <commit> src/rankwatch/detect | tar -x -C DIR`), alternating
             with this one run by run, and print both side by side
+--false-alarms  healthy jobs that stress the straggler detector's persistence (long
+            jobs with heavy stalls, plain noise, delays rotating over the ranks at random
+            and in turn), each simulated with SEEDS seeds (from --seed0) and analysed
+            once per value of --chance-runs (default: 0, i.e. always three late steps,
+            and the default Config's); prints how many jobs of each kind got a finding.
+            --fa-jobs: a comma-separated subset of the job names
 With no option: suite, large and speed. Prints tables, and one JSON object at the end
 (or into --json).
 """
@@ -28,11 +35,13 @@ import gc
 import json
 import os
 import pickle
+import shutil
 import subprocess
 import sys
 import tempfile
 import time
 import tracemalloc
+from collections.abc import Callable
 from pathlib import Path
 
 # one thread for numpy's BLAS / OpenMP pools, set before numpy loads (--speed is one core)
@@ -48,6 +57,8 @@ from detect_scenarios import (  # noqa: E402 - the suite lives with the tests
     Extra,
     Rotating,
     Scenario,
+    _cfg,
+    _patched,
     failures,
     row,
     run_scenario,
@@ -118,6 +129,63 @@ def run_suite(scenarios: list[Scenario], workdir: Path, label: str) -> dict:
     print("\n" + table(rows) + "\n")
     s = summary(rows)
     return {"rows": rows, "summary": s, "failures": failures(s)}
+
+
+# ----------------------------------------------------------------- false alarms
+
+FALSE_ALARM_JOBS: dict[str, tuple[Callable[[int], SimConfig], Extra | None]] = {
+    "heavy_noise_8x1200": (lambda seed: _cfg(8, 1200, seed), Extra(heavy_noise=True)),
+    "heavy_noise_tp_32x300": (lambda seed: _cfg(32, 300, seed, tp=4), Extra(heavy_noise=True)),
+    "noise_tp_pp_16x600": (lambda seed: _cfg(16, 600, seed, tp=2, pp=2), None),
+    "rotating_random_16x400": (
+        lambda seed: _cfg(16, 400, seed, tp=2),
+        Extra(rotating=Rotating(700, "gpu", order="random")),
+    ),
+    "rotating_cycle_8x600": (lambda seed: _cfg(8, 600, seed), Extra(rotating=Rotating(700))),
+}
+
+
+def _false_alarm_job(args: tuple[str, int, Path, tuple[float, ...]]) -> tuple[str, int, list]:
+    """One healthy job: simulated, aligned once, detected once per chance_runs value."""
+    from rankwatch.align import align
+    from rankwatch.detect import detect
+    from rankwatch.detect.base import Config
+    from rankwatch.store import ingest
+
+    name, seed, workdir, values = args
+    make, extra = FALSE_ALARM_JOBS[name]
+    out = workdir / f"{name}_s{seed}"
+    shutil.rmtree(out, ignore_errors=True)  # what an interrupted run left
+    with _patched(extra):
+        simulate(dataclasses.replace(make(seed), workers=1), out)
+    run = ingest([out]).run()
+    clock = align(run)
+    found = [detect(run, clock, config=Config(chance_runs=v)) for v in values]
+    run.con.close()
+    shutil.rmtree(out)  # 50 to 150 MB of records per job: hundreds of jobs fill a disk
+    return name, seed, [[(f.kind, f.rank) for f in fs] for fs in found]
+
+
+def false_alarms(
+    workdir: Path, seeds: int, seed0: int, values: tuple[float, ...], names: list[str]
+) -> dict:
+    """Healthy jobs x seeds, two processes: jobs with a finding per chance_runs value."""
+    from concurrent.futures import ProcessPoolExecutor
+
+    jobs = [(n, seed0 + i, workdir, values) for n in names for i in range(seeds)]
+    fired = {n: [0] * len(values) for n in names}
+    with ProcessPoolExecutor(2) as pool:
+        for name, seed, found in pool.map(_false_alarm_job, jobs):
+            for i, f in enumerate(found):
+                fired[name][i] += bool(f)
+            if any(found):
+                print(f"false-alarms: {name} seed {seed}: {found}", flush=True)
+    head = f"{'job':<26}{'seeds':>6}" + "".join(f"{'chance_runs=' + str(v):>20}" for v in values)
+    lines = [head] + [
+        f"{n:<26}{seeds:>6}" + "".join(f"{c:>20}" for c in fired[n]) for n in names
+    ]
+    print("\nhealthy jobs with a finding\n" + "\n".join(lines) + "\n")
+    return {"seeds": seeds, "seed0": seed0, "chance_runs": values, "jobs": fired}
 
 
 # ----------------------------------------------------------------- speed and memory
@@ -289,6 +357,10 @@ def main() -> int:
     ap.add_argument("--speed", action="store_true")
     ap.add_argument("--baseline", type=Path, help="another rankwatch/detect directory")
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--false-alarms", type=int, default=0, metavar="SEEDS")
+    ap.add_argument("--seed0", type=int, default=1000)
+    ap.add_argument("--chance-runs", default=None, help="comma-separated values")
+    ap.add_argument("--fa-jobs", default=",".join(FALSE_ALARM_JOBS))
     ap.add_argument("--workdir", type=Path)
     ap.add_argument("--json", type=Path)
     # one measurement in this process (used by --speed)
@@ -302,7 +374,7 @@ def main() -> int:
             _use_detect(args.detect_from)
         print(json.dumps(speed_child(args.speed_child, args.times, args.memory)))
         return 0
-    every = not (args.suite or args.large or args.speed)
+    every = not (args.suite or args.large or args.speed or args.false_alarms)
     work = args.workdir or Path(tempfile.mkdtemp(prefix="rankwatch-detect-eval-"))
     work.mkdir(parents=True, exist_ok=True)
     result: dict = {}
@@ -312,6 +384,21 @@ def main() -> int:
         result["large"] = run_suite(LARGE, work / "large", "large")
     if args.speed or every:
         result["speed"] = speed(work, args.baseline, args.repeat)
+    if args.false_alarms:
+        from rankwatch.detect.base import Config
+
+        values = (
+            tuple(float(v) for v in args.chance_runs.split(","))
+            if args.chance_runs
+            else (0.0, Config().chance_runs)
+        )
+        names = [n for n in args.fa_jobs.split(",") if n]
+        unknown = [n for n in names if n not in FALSE_ALARM_JOBS]
+        if unknown:
+            ap.error(f"--fa-jobs: unknown {unknown}; known: {list(FALSE_ALARM_JOBS)}")
+        result["false_alarms"] = false_alarms(
+            work / "false-alarms", args.false_alarms, args.seed0, values, names
+        )
     text = json.dumps(result, indent=1, default=str)
     if args.json:
         args.json.write_text(text + "\n", encoding="utf-8")

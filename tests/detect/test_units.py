@@ -377,3 +377,41 @@ def test_an_op_in_flight_after_a_later_one_completed_is_no_hang(slow_run: Path) 
         stream.feed(ops, progress, now)
         assert "hang" not in [f.kind for f in stream.findings()], f"window {i}"
     assert [(f.kind, f.rank) for f in stream.close()] == [("straggler", 5)]
+
+
+def _confirmed_after(path: Path, batch: int, **config: float) -> list[tuple]:
+    """(kind, rank, cause, ops of its kind from the onset to the confirmation)."""
+    from rankwatch.detect.base import Config
+
+    run, clock = _aligned(path)
+    found = detect(run, clock, config=Config(**config), batch=batch)
+    return [(f.kind, f.rank, f.cause, f.evidence["detected_at"]["seq"] - f.since.seq)
+            for f in found]  # fmt: skip
+
+
+@pytest.mark.parametrize("stalls_us", [0.0, 700.0, 6000.0])
+def test_two_late_steps_fire_unless_as_large_stalls_came_by_chance(
+    tmp_path: Path, stalls_us: float
+) -> None:
+    """Rank 3 is 2.5 ms late at one op per step from step 40 on (5 ops per step). In a
+    clean job, or one whose only earlier stalls were smaller, it is confirmed at its
+    second late step; after a dozen isolated stalls of other ranks larger than its
+    delay, two in a row could be chance, and it takes the third. Always the third with
+    the rule off (chance_runs=0). The same in any batching."""
+    import dataclasses
+
+    from detect_scenarios import Extra, _cfg, _patched
+
+    ranks = [0, 5, 2, 7, 1, 6] * 2 if stalls_us else []
+    steps = range(8, 32, 2)[: len(ranks)]
+    stalls = tuple((r, stalls_us, "gpu", s, s + 1) for r, s in zip(ranks, steps, strict=True))
+    cfg = dataclasses.replace(_cfg(8, 80, 61), slow=SlowFault(3, 40, "gpu", 2500))
+    with _patched(Extra(bursts=stalls)):
+        simulate(dataclasses.replace(cfg, workers=1), tmp_path / "job")
+    second = stalls_us < 2500.0
+    want = [("straggler", 3, "gpu", 5 if second else 10)]
+    assert _confirmed_after(tmp_path / "job", 1 << 20) == want
+    assert _confirmed_after(tmp_path / "job", 997) == want
+    assert _confirmed_after(tmp_path / "job", 1 << 20, chance_runs=0.0) == [
+        ("straggler", 3, "gpu", 10)
+    ]

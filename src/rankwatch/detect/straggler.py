@@ -16,7 +16,10 @@ finding is a change from that baseline.
 
 Persistence, per (rank, slot), i.e. the same op in consecutive steps:
   runs    `persist` consecutive hits (residual above max(z_hit sigma, hit_ns,
-          rel_hit x median segment));
+          rel_hit x median segment)), or two when that many in a row are
+          unlikely by chance: no more than a few earlier late ops of the kind
+          were as late (`chance_runs`; a clean job, or a delay beyond the
+          job's usual stalls, is confirmed a step sooner);
   CUSUM   S = max(0, S + min(z, z_clip) - cusum_k) >= cusum_h, for delays
           below the hit threshold that persist (heavy noise);
 and per rank, `persist_ops` consecutive hits over its ops (a delay on every op).
@@ -281,6 +284,16 @@ def _runs_at_hits(keys: np.ndarray, proc: np.ndarray, hit: np.ndarray, carry_run
 
 
 _NONE_FIRED = (np.zeros(0, dtype=np.int64), np.zeros((0, 4)))
+SEQ_BITS = 40
+SEQ_MASK = (1 << SEQ_BITS) - 1
+CHANCE_BINS = 128  # how late a late op is, in eighths of an octave of sigma
+
+
+def _chance_bin(z: np.ndarray) -> np.ndarray:
+    """Bins of z (sigma): 8 per doubling, from 1 sigma to 2^16."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        b = np.floor(8.0 * np.log2(np.fmax(np.nan_to_num(z, nan=1.0), 1.0)))
+    return np.minimum(b, CHANCE_BINS - 1).astype(np.int64)
 
 
 def _merge_fired(idx: np.ndarray, onset: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -307,6 +320,7 @@ class StragglerDetector:
             "cusum": (np.float64, 0.0, 0),
             "run_at": (np.float64, -1.0, 4),
             "cusum_at": (np.float64, -1.0, 4),
+            "last_z": (np.float64, 0.0, 0),
         }
         self.grid = Grid(n, spec)
         self.sig_slot = np.zeros(0)
@@ -319,6 +333,10 @@ class StragglerDetector:
         self.slot_hits = np.zeros((n, 0), dtype=np.int64)
         self.miss = np.zeros(n, dtype=np.int64)  # judged ops since the rank's last hit
         self.ep_miss = np.zeros(n, dtype=np.int64)  # ... since its last hit or firing op
+        self.kind_of = np.zeros(0, dtype=np.int64)  # sym -> kind (-1: none yet)
+        self.kind_n = np.zeros(0, dtype=np.int64)  # judged records per kind
+        # ... and late ops that began a run at their slot, by how late (_chance_bin)
+        self.kind_hist = np.zeros((0, CHANCE_BINS), dtype=np.int64)
 
     # ------------------------------------------------------------------ feed
     def feed(self, window: Window) -> None:
@@ -596,6 +614,7 @@ class StragglerDetector:
         uniq = flat[first]  # [proc, slot] of each group, flat (views below)
         g_run, g_cusum = g["run"].reshape(-1), g["cusum"].reshape(-1)
         g_run_at, g_cusum_at = g["run_at"].reshape(-1, 4), g["cusum_at"].reshape(-1, 4)
+        g_last_z = g["last_z"].reshape(-1)  # z of the last op when it was late
         last = _last(grp)
         gstart = group_starts(grp)
         run, started = run_lengths(hit[order], grp, g_run[uniq], gstart)
@@ -611,10 +630,22 @@ class StragglerDetector:
             s[last, None] > 0, _onsets(r, order, began_at(last), carried_cusum), -1.0
         )
         # what may fire (the lower of the pair and non-pair thresholds), then the exact test
-        low_run, low_s = min(cfg.persist, cfg.pair_persist), min(cfg.cusum_h, 2 * cfg.cusum_h)
+        low_run = min(cfg.persist, cfg.pair_persist, 2 if cfg.chance_runs > 0 else cfg.persist)
+        low_s = min(cfg.cusum_h, 2 * cfg.cusum_h)
         fired = np.flatnonzero((run >= low_run) | (s >= low_s))
         pair = self._pair[order[fired]]
-        by_run = run[fired] >= np.where(pair, cfg.pair_persist, cfg.persist)
+        need = np.where(pair, cfg.pair_persist, cfg.persist)
+        heads = hit[order] & (run == 1)  # late ops not following one at their slot
+        two = np.flatnonzero((run[fired] == 2) & ~pair & ~r.p2p[order[fired]])
+        if len(two) and cfg.persist > 2:
+            # the run's first late op: the one before, or the last of the previous batch
+            i = fired[two]
+            z1 = np.where(gstart[i] < i, z[order[np.maximum(i - 1, 0)]], g_last_z[uniq][grp[i]])
+            few = self._few_chance(r, order, heads, z, i, np.fmin(z1, z[order[i]]))
+            need[two] = np.where(few, 2, cfg.persist)
+        self._count_chance(r, order, heads, z)
+        g_last_z[uniq] = np.where(run[last] > 0, z[order[last]], 0.0)
+        by_run = run[fired] >= need
         by_s = s[fired] >= np.where(pair, 2 * cfg.cusum_h, cfg.cusum_h)
         keep = by_run | by_s
         fired, by_run = fired[keep], by_run[keep]
@@ -623,6 +654,70 @@ class StragglerDetector:
         at_run = _onsets(r, order, started[fired], carried_run[grp[fired]])
         at_cusum = _onsets(r, order, began_at(fired), carried_cusum[grp[fired]])
         return order[fired], np.where(by_run[:, None], at_run, at_cusum)
+
+    def _few_chance(
+        self,
+        r: Recs,
+        order: np.ndarray,
+        heads: np.ndarray,
+        z: np.ndarray,
+        at: np.ndarray,
+        least: np.ndarray,
+    ) -> np.ndarray:
+        """Whether two late steps in a row at the slot of each record order[at] (the
+        second; `least` the smaller z of the two) are unlikely to be chance, by the
+        ops of its kind before its cohort: N judged, and B late ops that began a run
+        at their slot, at least as late as `least` (in CHANCE_BINS), this pair's
+        first not counted. Two such late ops in a row by chance are expected about
+        N (B / N)^2 times; while (B + 1)^2 <= chance_runs N they are unlikely
+        (Config). Counted per kind in sequence order, earlier batches' records
+        carried, so the answer does not depend on how the stream was cut."""
+        sym = r.sym[order].astype(np.int64)
+        key = (sym << SEQ_BITS) | (r.seq[order].astype(np.int64) & SEQ_MASK)
+        k_all = np.sort(key)
+        h_idx = np.flatnonzero(heads)
+        h_idx = h_idx[np.argsort(key[h_idx], kind="stable")]
+        h_key, h_bin = key[h_idx], _chance_bin(z[order[h_idx]])
+        kind = self._kinds(sym)
+        bins = _chance_bin(least)
+        out = np.zeros(len(at), dtype=bool)
+        for j, (i, b) in enumerate(zip(at.tolist(), bins.tolist(), strict=True)):
+            c, k, lo = int(kind[i]), int(key[i]), int(sym[i]) << SEQ_BITS
+            n = int(self.kind_n[c]) + int(np.searchsorted(k_all, k) - np.searchsorted(k_all, lo))
+            a, e = np.searchsorted(h_key, lo), np.searchsorted(h_key, k)
+            big = int(self.kind_hist[c, b:].sum()) + int(np.count_nonzero(h_bin[a:e] >= b))
+            others = max(big - 1, 0)  # the pair's first late op began its run
+            out[j] = (others + 1.0) ** 2 <= self.ctx.config.chance_runs * n
+        return out
+
+    def _kinds(self, sym: np.ndarray) -> np.ndarray:
+        """Dense kind numbers of op kinds (sym), new ones added: the per-kind counts
+        stay as small as the kinds a job has, however large its sym codes."""
+        top = int(sym.max()) + 1 if len(sym) else 0
+        if top > len(self.kind_of):
+            self.kind_of = np.r_[self.kind_of, np.full(top - len(self.kind_of), -1, np.int64)]
+        new = np.unique(sym[self.kind_of[sym] < 0])
+        if len(new):
+            self.kind_of[new] = len(self.kind_n) + np.arange(len(new))
+            self.kind_n = np.r_[self.kind_n, np.zeros(len(new), np.int64)]
+            self.kind_hist = np.concatenate(
+                [self.kind_hist, np.zeros((len(new), CHANCE_BINS), np.int64)]
+            )
+        return self.kind_of[sym]
+
+    def _count_chance(self, r: Recs, order: np.ndarray, heads: np.ndarray, z: np.ndarray) -> None:
+        """Judged records, and late ops that began a run by how late, per kind (for
+        _few_chance). Counted per sym code first: one bincount, no per-record lookup."""
+        if not len(order):
+            return
+        per_sym = np.bincount(r.sym[order])
+        present = np.flatnonzero(per_sym)
+        kinds = self._kinds(present)  # may grow kind_n: before indexing it
+        self.kind_n[kinds] += per_sym[present]
+        if heads.any():
+            h = order[heads]
+            kind = self._kinds(r.sym[h].astype(np.int64))
+            np.add.at(self.kind_hist, (kind, _chance_bin(z[h])), 1)
 
     def _rank_persistence(self, r: Recs, judged, hit) -> tuple[np.ndarray, np.ndarray]:
         """Runs of consecutive hits per rank over its ops in time order: as
