@@ -46,9 +46,12 @@ def test_restarted_monitor_gets_the_reconnected_streams_and_files_lose_nothing(
     first = start_monitor(tmp_path, listen=address)
     # The smallest stream queue: the second the job runs with no monitor overflows it
     # however slowly a loaded machine runs the job (the default 4 MiB may not fill).
-    running = start_job(JOB, tmp_path / "job", {"RANKWATCH_COLLECTOR": address,
-                                                 "RANKWATCH_INTERVAL_MS": "200",
-                                                 "RANKWATCH_STREAM_QUEUE_BYTES": "128K"})  # fmt: skip
+    env = {
+        "RANKWATCH_COLLECTOR": address,
+        "RANKWATCH_INTERVAL_MS": "200",
+        "RANKWATCH_STREAM_QUEUE_BYTES": "128K",
+    }
+    running = start_job(JOB, tmp_path / "job", env)
     try:
         wait_for(lambda: (first.job("restart") or {}).get("records", {}).get("op", 0) > 500,
                  60, "records in the first monitor")  # fmt: skip
