@@ -185,10 +185,14 @@ def test_run_forwards_signals_to_the_child(signo: signal.Signals, tmp_path: Path
         f"trap 'echo got > caught; exit 7' {signo.name[3:]}; touch ready;"
         "i=0; while [ $i -lt 200 ]; do sleep 0.05; i=$((i+1)); done"
     )
+    # (with the signal's default disposition: a test run started in the background
+    # ignores SIGINT, the child would inherit that, and sh cannot trap a signal
+    # ignored on entry)
     proc = subprocess.Popen(
         [sys.executable, "-m", "rankwatch", "run", "--dump-dir", str(tmp_path / "d"),
          "--", "sh", "-c", script],
         cwd=tmp_path, stderr=subprocess.PIPE, text=True,
+        preexec_fn=lambda: signal.signal(signo, signal.SIG_DFL),
     )  # fmt: skip
     _wait_for(tmp_path / "ready")
     # When rankwatch itself is signalled (as a scheduler or `kill` would)
