@@ -236,6 +236,7 @@ def test_findings_have_every_field_and_are_plain_data(slow_run: Path) -> None:
     assert f.cost_s > 0 and 0 < f.confidence <= 1
     assert f.evidence["victims"] and all(v["rank"] != 5 for v in f.evidence["victims"])
     assert f.evidence["cost"]["share_of_wall"] > 0
+    assert f.evidence["detected_at"]["by"]["rule"] == "late steps in a row at one op"
     json.dumps(f.to_dict())  # evidence is plain data
     assert run.meta["detect"]["total_cost_s"] == pytest.approx(f.cost_s)
 
@@ -385,8 +386,8 @@ def _confirmed_after(path: Path, batch: int, **config: float) -> list[tuple]:
 
     run, clock = _aligned(path)
     found = detect(run, clock, config=Config(**config), batch=batch)
-    return [(f.kind, f.rank, f.cause, f.evidence["detected_at"]["seq"] - f.since.seq)
-            for f in found]  # fmt: skip
+    return [(f.kind, f.rank, f.cause, f.evidence["detected_at"]["seq"] - f.since.seq,
+             f.evidence["detected_at"]["by"]["late_steps"]) for f in found]  # fmt: skip
 
 
 @pytest.mark.parametrize("stalls_us", [0.0, 700.0, 6000.0])
@@ -409,9 +410,9 @@ def test_two_late_steps_fire_unless_as_large_stalls_came_by_chance(
     with _patched(Extra(bursts=stalls)):
         simulate(dataclasses.replace(cfg, workers=1), tmp_path / "job")
     second = stalls_us < 2500.0
-    want = [("straggler", 3, "gpu", 5 if second else 10)]
+    want = [("straggler", 3, "gpu", 5 if second else 10, 2 if second else 3)]
     assert _confirmed_after(tmp_path / "job", 1 << 20) == want
     assert _confirmed_after(tmp_path / "job", 997) == want
     assert _confirmed_after(tmp_path / "job", 1 << 20, chance_runs=0.0) == [
-        ("straggler", 3, "gpu", 10)
+        ("straggler", 3, "gpu", 10, 3)
     ]

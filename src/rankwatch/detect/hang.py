@@ -299,7 +299,9 @@ class HangDetector:
             "since_ns": float(np.nanmin(arrivals)) if np.isfinite(arrivals).any() else np.nan,
             "first_shown_ns": float(np.nanmin(shown)) if np.isfinite(shown).any() else np.nan,
             "detected_ns": float(self.ts[s]),
-            "age_ns": float(self.if_age[s]),
+            # how long the longest waiter has waited: each process's age is as of its own
+            # latest progress record, so the one waits were read from may be older
+            "age_ns": _oldest(self.if_age[slots[waiting]], float(self.if_age[s])),
             "threshold_ns": self._threshold(),
             "states": counts,
             "ranks": [
@@ -355,3 +357,9 @@ def _blockers(state: np.ndarray) -> list[int]:
         if hit:
             return hit
     return []
+
+
+def _oldest(ages: np.ndarray, default: float) -> float:
+    """The largest finite age, or `default` when there is none."""
+    finite = ages[np.isfinite(ages)]
+    return float(finite.max()) if len(finite) else default

@@ -39,6 +39,7 @@ def render(ctx: Context, cul: Culprit) -> Finding:
             "func": cul.extra.get("detected_func"),
             "seq": cul.detected_seq,
             "ns": topo.abs_ns(cul.detected_ns),
+            "by": cul.extra.get("confirmed_by"),
         },
         "late_ops": cul.hits,
         "median_excess_ns": float(np.median(ex)),

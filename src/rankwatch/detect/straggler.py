@@ -283,7 +283,12 @@ def _runs_at_hits(keys: np.ndarray, proc: np.ndarray, hit: np.ndarray, carry_run
     return procs, last_hit, miss, hj, run, started
 
 
-_NONE_FIRED = (np.zeros(0, dtype=np.int64), np.zeros((0, 4)))
+# what fired, per record: its run's onset (seq, ns, comm, func), then how it fired (a
+# run of k late steps at one op: k; BY_CUSUM; BY_RANK_RUN) and, for two late steps, the
+# chance pairs expected (see _few_chance)
+_NONE_FIRED = (np.zeros(0, dtype=np.int64), np.zeros((0, 6)))
+BY_CUSUM = -1.0
+BY_RANK_RUN = -2.0
 SEQ_BITS = 40
 SEQ_MASK = (1 << SEQ_BITS) - 1
 CHANCE_BINS = 128  # how late a late op is, in eighths of an octave of sigma
@@ -294,6 +299,31 @@ def _chance_bin(z: np.ndarray) -> np.ndarray:
     with np.errstate(divide="ignore", invalid="ignore"):
         b = np.floor(8.0 * np.log2(np.fmax(np.nan_to_num(z, nan=1.0), 1.0)))
     return np.minimum(b, CHANCE_BINS - 1).astype(np.int64)
+
+
+def _how(onsets: np.ndarray, how: np.ndarray | float, chance: np.ndarray | float) -> np.ndarray:
+    """The rows of fired records: onsets with how they fired (see _NONE_FIRED)."""
+    n = len(onsets)
+    return np.c_[onsets, np.broadcast_to(how, n), np.broadcast_to(chance, n)]
+
+
+def confirmed_by(how: float, chance: float, pair: bool, config) -> dict:  # noqa: ANN001
+    """Plain words for how a straggler was confirmed (its finding's evidence)."""
+    if how == BY_CUSUM:
+        threshold = 2 * config.cusum_h if pair else config.cusum_h
+        return {"rule": "cumulative lateness (CUSUM) at one op", "cusum_threshold": threshold}
+    if how == BY_RANK_RUN:
+        return {"rule": "late ops in a row", "late_ops": config.persist_ops}
+    out: dict = {"rule": "late steps in a row at one op", "late_steps": int(how)}
+    if pair:
+        out["note"] = "two-rank cohort: more late steps needed"
+    elif np.isfinite(chance):
+        out["chance_pairs_expected"] = round(float(chance), 5)
+        out["note"] = (
+            "two sufficed: so few of the job's earlier late ops of this kind were as late "
+            "that two in a row by chance are unlikely"
+        )
+    return out
 
 
 def _merge_fired(idx: np.ndarray, onset: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -635,25 +665,28 @@ class StragglerDetector:
         fired = np.flatnonzero((run >= low_run) | (s >= low_s))
         pair = self._pair[order[fired]]
         need = np.where(pair, cfg.pair_persist, cfg.persist)
+        chance = np.full(len(fired), np.nan)
         heads = hit[order] & (run == 1)  # late ops not following one at their slot
         two = np.flatnonzero((run[fired] == 2) & ~pair & ~r.p2p[order[fired]])
         if len(two) and cfg.persist > 2:
             # the run's first late op: the one before, or the last of the previous batch
             i = fired[two]
             z1 = np.where(gstart[i] < i, z[order[np.maximum(i - 1, 0)]], g_last_z[uniq][grp[i]])
-            few = self._few_chance(r, order, heads, z, i, np.fmin(z1, z[order[i]]))
+            few, chance[two] = self._few_chance(r, order, heads, z, i, np.fmin(z1, z[order[i]]))
             need[two] = np.where(few, 2, cfg.persist)
         self._count_chance(r, order, heads, z)
         g_last_z[uniq] = np.where(run[last] > 0, z[order[last]], 0.0)
         by_run = run[fired] >= need
         by_s = s[fired] >= np.where(pair, 2 * cfg.cusum_h, cfg.cusum_h)
         keep = by_run | by_s
-        fired, by_run = fired[keep], by_run[keep]
+        fired, by_run, chance = fired[keep], by_run[keep], chance[keep]
         if not len(fired):
             return _NONE_FIRED
         at_run = _onsets(r, order, started[fired], carried_run[grp[fired]])
         at_cusum = _onsets(r, order, began_at(fired), carried_cusum[grp[fired]])
-        return order[fired], np.where(by_run[:, None], at_run, at_cusum)
+        onset = np.where(by_run[:, None], at_run, at_cusum)
+        how = np.where(by_run, run[fired], BY_CUSUM)
+        return order[fired], _how(onset, how, np.where(by_run, chance, np.nan))
 
     def _few_chance(
         self,
@@ -663,7 +696,7 @@ class StragglerDetector:
         z: np.ndarray,
         at: np.ndarray,
         least: np.ndarray,
-    ) -> np.ndarray:
+    ) -> tuple[np.ndarray, np.ndarray]:
         """Whether two late steps in a row at the slot of each record order[at] (the
         second; `least` the smaller z of the two) are unlikely to be chance, by the
         ops of its kind before its cohort: N judged, and B late ops that began a run
@@ -671,7 +704,8 @@ class StragglerDetector:
         first not counted. Two such late ops in a row by chance are expected about
         N (B / N)^2 times; while (B + 1)^2 <= chance_runs N they are unlikely
         (Config). Counted per kind in sequence order, earlier batches' records
-        carried, so the answer does not depend on how the stream was cut."""
+        carried, so the answer does not depend on how the stream was cut. Also returns
+        (B + 1)^2 / N, the chance pairs expected."""
         sym = r.sym[order].astype(np.int64)
         key = (sym << SEQ_BITS) | (r.seq[order].astype(np.int64) & SEQ_MASK)
         k_all = np.sort(key)
@@ -681,6 +715,7 @@ class StragglerDetector:
         kind = self._kinds(sym)
         bins = _chance_bin(least)
         out = np.zeros(len(at), dtype=bool)
+        expect = np.full(len(at), np.inf)
         for j, (i, b) in enumerate(zip(at.tolist(), bins.tolist(), strict=True)):
             c, k, lo = int(kind[i]), int(key[i]), int(sym[i]) << SEQ_BITS
             n = int(self.kind_n[c]) + int(np.searchsorted(k_all, k) - np.searchsorted(k_all, lo))
@@ -688,7 +723,8 @@ class StragglerDetector:
             big = int(self.kind_hist[c, b:].sum()) + int(np.count_nonzero(h_bin[a:e] >= b))
             others = max(big - 1, 0)  # the pair's first late op began its run
             out[j] = (others + 1.0) ** 2 <= self.ctx.config.chance_runs * n
-        return out
+            expect[j] = (others + 1.0) ** 2 / max(n, 1)
+        return out, expect
 
     def _kinds(self, sym: np.ndarray) -> np.ndarray:
         """Dense kind numbers of op kinds (sym), new ones added: the per-kind counts
@@ -749,7 +785,8 @@ class StragglerDetector:
         fired = np.flatnonzero(h_run >= need)
         if not len(fired):
             return _NONE_FIRED
-        return h_rec[fired], _onsets_at(r, h_start[fired], carried[h_proc[fired]])
+        onset = _onsets_at(r, h_start[fired], carried[h_proc[fired]])
+        return h_rec[fired], _how(onset, BY_RANK_RUN, np.nan)
 
     def _rank_persistence_sorted(
         self, r: Recs, idx: np.ndarray, hit
@@ -771,7 +808,8 @@ class StragglerDetector:
         fired = np.flatnonzero(run >= np.where(self._pair[order], pair_ops, cfg.persist_ops))
         if not len(fired):
             return _NONE_FIRED
-        return order[fired], _onsets(r, order, started[fired], carried[p[fired]])
+        onset = _onsets(r, order, started[fired], carried[p[fired]])
+        return order[fired], _how(onset, BY_RANK_RUN, np.nan)
 
     # ------------------------------------------------------------------ culprits
     def _episodes(self, r: Recs, judged, hit, fired: np.ndarray, onset: np.ndarray) -> None:
@@ -865,7 +903,7 @@ class StragglerDetector:
     def _confirm(self, r: Recs, confirmed: list[tuple[int, int, np.ndarray]]) -> None:
         """New culprits, or new episodes of known ones (a later slowdown), in order:
         (proc, the record that fired, the onset of its run)."""
-        for proc, i, (seq, ns, comm, func) in confirmed:
+        for proc, i, (seq, ns, comm, func, how, chance) in confirmed:
             if comm < 0:
                 continue
             episode = {
@@ -877,6 +915,7 @@ class StragglerDetector:
                 "detected_ns": float(r.arrival_c[i]),
                 "detected_comm": int(r.comm[i]),
                 "detected_func": FUNCS[int(r.func[i])],
+                "confirmed_by": confirmed_by(how, chance, bool(self._pair[i]), self.ctx.config),
                 "hits": 0,
             }
             cul = self.ctx.culprits.get((proc, LOCAL))
@@ -980,6 +1019,7 @@ def _main_episode(cul: Culprit) -> None:
     cul.detected_seq, cul.detected_ns = main["detected_seq"], main["detected_ns"]
     cul.detected_comm = main["detected_comm"]
     cul.extra["onset_func"], cul.extra["detected_func"] = main["onset_func"], main["detected_func"]
+    cul.extra["confirmed_by"] = main["confirmed_by"]
     cul.extra["evidence"] = {"episodes": len(eps)} if len(eps) > 1 else {}
     hits = sorted(h for h in cul.extra.get("hit_at", []) if h[0] >= main["onset_ns"])
     k = _plateau(hits)
@@ -992,6 +1032,12 @@ def _main_episode(cul: Culprit) -> None:
         det = hits[min(k + PERSIST_HINT - 1, len(hits) - 1)]
         cul.detected_ns, cul.detected_seq, cul.detected_comm = det[0], det[1], det[2]
         cul.extra["detected_func"] = FUNCS[det[3]]
+        cul.extra["confirmed_by"] = {
+            "rule": "steady late ops after noise",
+            "late_ops": PERSIST_HINT,
+            "note": "what fired first was noise before the slowdown; detection taken at "
+            "the slowdown's third late op",
+        }
 
 
 def _plateau(hits: list[tuple]) -> int | None:

@@ -354,6 +354,10 @@ class TransferDetector:
         cul.excess_ns = sample[:4096]
         cul.votes = {"transfer": len(rows)}
         cul.extra.update(onset_func=on["func"], detected_func=on["func"], rows=list(rows))
+        cul.extra["confirmed_by"] = {
+            "rule": "slow transfers in a row on the rank's instances",
+            "slow_ops": self.ctx.config.xfer_persist,
+        }
         topo = self.ctx.topo
         cul.extra["evidence"] = {
             "slow_instances": [
