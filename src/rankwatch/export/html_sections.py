@@ -260,8 +260,23 @@ def _finding_row(f: dict[str, Any]) -> dict[str, str]:
         "cause": f.get("cause") or "",
         "cost": "" if f.get("cost_s") is None else f"{f['cost_s']:,.3g} s",
         "confidence": f"{f.get('confidence') or 0:.0%}",
+        "confirmed": _confirmed(f.get("evidence") or {}),
         "evidence": json.dumps(f.get("evidence") or {}, default=str)[:300],
     }
+
+
+def _confirmed(evidence: dict[str, Any]) -> str:
+    """Where and by which rule a straggler was confirmed (detect.straggler.confirmed_by)."""
+    at = evidence.get("detected_at") or {}
+    if at.get("seq") is None:
+        return ""
+    where = f"{at.get('func') or 'op'} #{at['seq']}"
+    by = at.get("by") or {}
+    for key, what in (("late_steps", "late steps"), ("late_ops", "late ops in a row"),
+                      ("slow_ops", "slow transfers in a row")):  # fmt: skip
+        if key in by:
+            return f"{where}, after {by[key]} {what}"
+    return f"{where}, by CUSUM" if "cusum_threshold" in by else where
 
 
 def _problem_row(p: dict[str, Any]) -> dict[str, str]:
