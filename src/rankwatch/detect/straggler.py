@@ -301,7 +301,9 @@ def _chance_bin(z: np.ndarray) -> np.ndarray:
     return np.minimum(b, CHANCE_BINS - 1).astype(np.int64)
 
 
-def _how(onsets: np.ndarray, how: np.ndarray | float, chance: np.ndarray | float) -> np.ndarray:
+def _fired_rows(
+    onsets: np.ndarray, how: np.ndarray | float, chance: np.ndarray | float
+) -> np.ndarray:
     """The rows of fired records: onsets with how they fired (see _NONE_FIRED)."""
     n = len(onsets)
     return np.c_[onsets, np.broadcast_to(how, n), np.broadcast_to(chance, n)]
@@ -686,7 +688,7 @@ class StragglerDetector:
         at_cusum = _onsets(r, order, began_at(fired), carried_cusum[grp[fired]])
         onset = np.where(by_run[:, None], at_run, at_cusum)
         how = np.where(by_run, run[fired], BY_CUSUM)
-        return order[fired], _how(onset, how, np.where(by_run, chance, np.nan))
+        return order[fired], _fired_rows(onset, how, np.where(by_run, chance, np.nan))
 
     def _few_chance(
         self,
@@ -786,7 +788,7 @@ class StragglerDetector:
         if not len(fired):
             return _NONE_FIRED
         onset = _onsets_at(r, h_start[fired], carried[h_proc[fired]])
-        return h_rec[fired], _how(onset, BY_RANK_RUN, np.nan)
+        return h_rec[fired], _fired_rows(onset, BY_RANK_RUN, np.nan)
 
     def _rank_persistence_sorted(
         self, r: Recs, idx: np.ndarray, hit
@@ -809,7 +811,7 @@ class StragglerDetector:
         if not len(fired):
             return _NONE_FIRED
         onset = _onsets(r, order, started[fired], carried[p[fired]])
-        return order[fired], _how(onset, BY_RANK_RUN, np.nan)
+        return order[fired], _fired_rows(onset, BY_RANK_RUN, np.nan)
 
     # ------------------------------------------------------------------ culprits
     def _episodes(self, r: Recs, judged, hit, fired: np.ndarray, onset: np.ndarray) -> None:
