@@ -58,10 +58,10 @@ from detect_scenarios import (  # noqa: E402 - the suite lives with the tests
     Rotating,
     Scenario,
     _cfg,
-    _patched,
     failures,
     row,
     run_scenario,
+    simulate_scenario,
     summary,
     table,
 )
@@ -156,8 +156,7 @@ def _false_alarm_job(args: tuple[str, int, Path, tuple[float, ...]]) -> tuple[st
     make, extra = FALSE_ALARM_JOBS[name]
     out = workdir / f"{name}_s{seed}"
     shutil.rmtree(out, ignore_errors=True)  # what an interrupted run left
-    with _patched(extra):
-        simulate(dataclasses.replace(make(seed), workers=1), out)
+    simulate_scenario(Scenario(name, make(seed), extra), out)
     run = ingest([out]).run()
     clock = align(run)
     found = [detect(run, clock, config=Config(chance_runs=v)) for v in values]

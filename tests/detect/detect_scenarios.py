@@ -280,11 +280,16 @@ class Result:
     false: list[Finding] = field(default_factory=list)
 
 
+def simulate_scenario(sc: Scenario, out: Path):  # noqa: ANN201 - simulate's result
+    """The scenario's records in out (its extras patched into the simulator)."""
+    with _patched(sc.extra):
+        return simulate(dataclasses.replace(sc.cfg, workers=1) if sc.extra else sc.cfg, out)
+
+
 def run_scenario(sc: Scenario, workdir: Path) -> Result:
     out = workdir / sc.name
     t0 = time.perf_counter()
-    with _patched(sc.extra):
-        res = simulate(dataclasses.replace(sc.cfg, workers=1) if sc.extra else sc.cfg, out)
+    res = simulate_scenario(sc, out)
     t1 = time.perf_counter()
     run = ingest([out]).run()
     clock = align(run)

@@ -295,14 +295,11 @@ def test_a_rank_slow_on_and_off_has_the_same_episodes_in_any_batching(tmp_path: 
     """Rank 3 is slow for 20 steps, recovers for 30, is slow again for 40: two episodes,
     the finding starting at the longer one, whether the records come in one batch (as
     `analyze` reads them) or in small ones (as a live monitor gets them)."""
-    import dataclasses
 
-    from detect_scenarios import Extra, _cfg, _patched
+    from detect_scenarios import Extra, Scenario, _cfg, simulate_scenario
 
-    cfg = _cfg(8, 120, 51)
     extra = Extra(bursts=((3, 2500.0, "gpu", 20, 40), (3, 2500.0, "gpu", 70, 110)))
-    with _patched(extra):
-        simulate(dataclasses.replace(cfg, workers=1), tmp_path / "job")
+    simulate_scenario(Scenario("on-off", _cfg(8, 120, 51), extra), tmp_path / "job")
     run, clock = _aligned(tmp_path / "job")
 
     def key(batch: int) -> list[tuple]:
@@ -401,14 +398,13 @@ def test_two_late_steps_fire_unless_as_large_stalls_came_by_chance(
     the rule off (chance_runs=0). The same in any batching."""
     import dataclasses
 
-    from detect_scenarios import Extra, _cfg, _patched
+    from detect_scenarios import Extra, Scenario, _cfg, simulate_scenario
 
     ranks = [0, 5, 2, 7, 1, 6] * 2 if stalls_us else []
     steps = range(8, 32, 2)[: len(ranks)]
     stalls = tuple((r, stalls_us, "gpu", s, s + 1) for r, s in zip(ranks, steps, strict=True))
     cfg = dataclasses.replace(_cfg(8, 80, 61), slow=SlowFault(3, 40, "gpu", 2500))
-    with _patched(Extra(bursts=stalls)):
-        simulate(dataclasses.replace(cfg, workers=1), tmp_path / "job")
+    simulate_scenario(Scenario("stalls", cfg, Extra(bursts=stalls)), tmp_path / "job")
     second = stalls_us < 2500.0
     want = [("straggler", 3, "gpu", 5 if second else 10, 2 if second else 3)]
     assert _confirmed_after(tmp_path / "job", 1 << 20) == want

@@ -27,6 +27,7 @@ import numpy as np
 
 from rankwatch.detect.base import Context, Window
 from rankwatch.detect.columns import NF, REASONS, STATES, ProgressColumns
+from rankwatch.detect.robust import nanmax
 from rankwatch.detect.topology import FUNCS, RECV, SEND
 from rankwatch.model import Finding, Since
 
@@ -301,7 +302,7 @@ class HangDetector:
             "detected_ns": float(self.ts[s]),
             # how long the longest waiter has waited: each process's age is as of its own
             # latest progress record, so the one waits were read from may be older
-            "age_ns": _oldest(self.if_age[slots[waiting]], float(self.if_age[s])),
+            "age_ns": _longest(self.if_age[slots[waiting]], float(self.if_age[s])),
             "threshold_ns": self._threshold(),
             "states": counts,
             "ranks": [
@@ -359,7 +360,7 @@ def _blockers(state: np.ndarray) -> list[int]:
     return []
 
 
-def _oldest(ages: np.ndarray, default: float) -> float:
+def _longest(ages: np.ndarray, default: float) -> float:
     """The largest finite age, or `default` when there is none."""
-    finite = ages[np.isfinite(ages)]
-    return float(finite.max()) if len(finite) else default
+    age = nanmax(ages)
+    return age if np.isfinite(age) else default

@@ -240,8 +240,7 @@ class Preparer:
         key = s.astype(np.int64) * len(FUNCS) + func
         by_key = np.argsort(key, kind="stable")
         k, q = key[by_key], seq[by_key].astype(np.int64)
-        head = np.ones(len(k), dtype=bool)
-        head[1:] = k[1:] != k[:-1]
+        head = run_heads(k)
         gid = np.cumsum(head) - 1
         span = int(q.max()) + 2 if len(q) else 1
         carry = self.last_seq.reshape(-1)[k]
@@ -257,7 +256,7 @@ class Preparer:
         known = prev >= 0
         missing = np.where(known, np.maximum(q - prev - 1, 0), 0)
         late = known & (q < prev)
-        tails = np.r_[head[1:], True]
+        tails = run_tails(k)
         self.last_seq.reshape(-1)[k[tails]] = np.maximum(run[tails], carry[tails])
         out_missing, out_late = np.empty_like(missing), np.empty_like(late)
         out_missing[by_key], out_late[by_key] = missing, late

@@ -42,9 +42,10 @@ import bisect
 
 import numpy as np
 
-from rankwatch.detect.base import Context, Culprit, Window
+from rankwatch.detect.base import Config, Context, Culprit, Window
 from rankwatch.detect.cohorts import Cohorts
 from rankwatch.detect.grid import Grid
+from rankwatch.detect.prepare import SEQ_BITS
 from rankwatch.detect.records import Recs
 from rankwatch.detect.report import costly, render
 from rankwatch.detect.robust import (
@@ -289,8 +290,6 @@ def _runs_at_hits(keys: np.ndarray, proc: np.ndarray, hit: np.ndarray, carry_run
 _NONE_FIRED = (np.zeros(0, dtype=np.int64), np.zeros((0, 6)))
 BY_CUSUM = -1.0
 BY_RANK_RUN = -2.0
-SEQ_BITS = 40
-SEQ_MASK = (1 << SEQ_BITS) - 1
 CHANCE_BINS = 128  # how late a late op is, in eighths of an octave of sigma
 
 
@@ -309,7 +308,7 @@ def _fired_rows(
     return np.c_[onsets, np.broadcast_to(how, n), np.broadcast_to(chance, n)]
 
 
-def confirmed_by(how: float, chance: float, pair: bool, config) -> dict:  # noqa: ANN001
+def _confirmed_by(how: float, chance: float, pair: bool, config: Config) -> dict:
     """Plain words for how a straggler was confirmed (its finding's evidence)."""
     if how == BY_CUSUM:
         threshold = 2 * config.cusum_h if pair else config.cusum_h
@@ -673,7 +672,7 @@ class StragglerDetector:
         if len(two) and cfg.persist > 2:
             # the run's first late op: the one before, or the last of the previous batch
             i = fired[two]
-            z1 = np.where(gstart[i] < i, z[order[np.maximum(i - 1, 0)]], g_last_z[uniq][grp[i]])
+            z1 = np.where(gstart[i] < i, z[order[np.maximum(i - 1, 0)]], g_last_z[uniq[grp[i]]])
             few, chance[two] = self._few_chance(r, order, heads, z, i, np.fmin(z1, z[order[i]]))
             need[two] = np.where(few, 2, cfg.persist)
         self._count_chance(r, order, heads, z)
@@ -708,18 +707,20 @@ class StragglerDetector:
         (Config). Counted per kind in sequence order, earlier batches' records
         carried, so the answer does not depend on how the stream was cut. Also returns
         (B + 1)^2 / N, the chance pairs expected."""
-        sym = r.sym[order].astype(np.int64)
-        key = (sym << SEQ_BITS) | (r.seq[order].astype(np.int64) & SEQ_MASK)
+        # a collective's cohort key is its kind's code above SEQ_BITS and its seq below
+        # (prepare.cohort_keys): the records of a kind before a cohort are a key range
+        key = r.key[order]
         k_all = np.sort(key)
         h_idx = np.flatnonzero(heads)
         h_idx = h_idx[np.argsort(key[h_idx], kind="stable")]
         h_key, h_bin = key[h_idx], _chance_bin(z[order[h_idx]])
-        kind = self._kinds(sym)
+        kind = self._kinds(r.sym[order[at]].astype(np.int64))
         bins = _chance_bin(least)
         out = np.zeros(len(at), dtype=bool)
         expect = np.full(len(at), np.inf)
         for j, (i, b) in enumerate(zip(at.tolist(), bins.tolist(), strict=True)):
-            c, k, lo = int(kind[i]), int(key[i]), int(sym[i]) << SEQ_BITS
+            c, k = int(kind[j]), int(key[i])
+            lo = (k >> SEQ_BITS) << SEQ_BITS
             n = int(self.kind_n[c]) + int(np.searchsorted(k_all, k) - np.searchsorted(k_all, lo))
             a, e = np.searchsorted(h_key, lo), np.searchsorted(h_key, k)
             big = int(self.kind_hist[c, b:].sum()) + int(np.count_nonzero(h_bin[a:e] >= b))
@@ -917,7 +918,7 @@ class StragglerDetector:
                 "detected_ns": float(r.arrival_c[i]),
                 "detected_comm": int(r.comm[i]),
                 "detected_func": FUNCS[int(r.func[i])],
-                "confirmed_by": confirmed_by(how, chance, bool(self._pair[i]), self.ctx.config),
+                "confirmed_by": _confirmed_by(how, chance, bool(self._pair[i]), self.ctx.config),
                 "hits": 0,
             }
             cul = self.ctx.culprits.get((proc, LOCAL))
@@ -1036,7 +1037,7 @@ def _main_episode(cul: Culprit) -> None:
         cul.extra["detected_func"] = FUNCS[det[3]]
         cul.extra["confirmed_by"] = {
             "rule": "steady late ops after noise",
-            "late_ops": PERSIST_HINT,
+            "slowdown_late_ops": PERSIST_HINT,
             "note": "what fired first was noise before the slowdown; detection taken at "
             "the slowdown's third late op",
         }
