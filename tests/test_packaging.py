@@ -116,3 +116,13 @@ def test_wheel_is_tagged_for_any_python_version() -> None:
     tags = re.findall(r"^Tag: (\S+)$", wheel, flags=re.MULTILINE)
     assert tags, wheel
     assert all(tag.startswith("py3-none-") and not tag.endswith("-any") for tag in tags)
+
+
+def test_the_compiled_helpers_are_installed_and_load() -> None:
+    # The op-record reader and the detectors' kernels have pure-Python fallbacks,
+    # so a build that lost them would pass every other test, only slower.
+    from rankwatch.detect import kernels
+    from rankwatch.store import native
+
+    assert native.available(), "librankwatch-rwparse missing from the installation"
+    assert kernels.library() is not None, "librankwatch-rwdetect missing from the installation"

@@ -25,8 +25,12 @@ record itself gets no index (-1), so a rank is never a whole stretch of ops behi
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
+
 import numpy as np
 
+from rankwatch.detect import kernels
 from rankwatch.detect.columns import OpColumns
 from rankwatch.detect.records import Recs
 from rankwatch.detect.robust import run_heads, run_tails, stable_order
@@ -109,14 +113,19 @@ class Preparer:
         direction = np.where(p2p, np.where(ops.peer > ops.rank, 1, 2), 0)
         r.sym = (r.cls * 8 + ops.func) * 4 + direction
         r.cslot = t.slot_base[ops.comm] + np.minimum(ops.rank, t.comm_size[ops.comm] - 1)
-        # each (communicator, rank)'s ops in stream order: shared by the two sorts below
-        by_slot = stable_order(r.cslot, int(r.cslot.max()) + 1) if len(r) else r.cslot
+
+        # each (communicator, rank)'s ops in stream order: made once, if a NumPy
+        # path below needs it (the compiled kernels walk the stream as it is)
+        @functools.cache
+        def by_slot() -> np.ndarray:
+            return stable_order(r.cslot, int(r.cslot.max()) + 1) if len(r) else r.cslot
+
         self._stale_starts(r, by_slot)
         self._gaps(r)
         self._op_index(r, by_slot)
         return Recs({k: (getattr(r, k).astype(t) if t else getattr(r, k)) for k, t in KEEP.items()})
 
-    def _stale_starts(self, r: Recs, by_slot: np.ndarray) -> None:
+    def _stale_starts(self, r: Recs, by_slot: Callable[[], np.ndarray]) -> None:
         """Forget GPU starts that belong to an earlier op: NCCL runs a communicator's
         kernels in order, so a start before the previous op's end on the same
         communicator and rank is stale (unless both ran in one kernel and share the
@@ -125,6 +134,20 @@ class Preparer:
         n = len(r)
         if not n:
             return
+        stale = kernels.stale_starts(
+            r.cslot, r.arrival, r.gstart, r.gend, self.slot_end, self.slot_start
+        )
+        if stale is None:  # no kernels, or arrivals out of stream order in a slot
+            order, stale_sorted = self._stale_sorted(r, by_slot())
+            stale = np.zeros(n, dtype=bool)
+            stale[order] = stale_sorted
+        if stale.any():
+            r.gstart, r.gstart_c = r.gstart.copy(), r.gstart_c.copy()
+            r.gstart[stale] = np.nan
+            r.gstart_c[stale] = np.nan
+
+    def _stale_sorted(self, r: Recs, by_slot: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """_stale_starts in NumPy: (each slot's records in arrival order, whether stale)."""
         arrival = np.nan_to_num(r.arrival, nan=np.inf)
         order = _then_by(by_slot, r.cslot, arrival)
         if order is None:  # arrival order differs from stream order somewhere
@@ -137,13 +160,16 @@ class Preparer:
             stale = ((gs + STALE_SLACK_NS < prev_end) & (gs != prev_start)) | (gs > ge)
         last = np.flatnonzero(run_tails(s))
         self.slot_end[s[last]], self.slot_start[s[last]] = ge[last], gs[last]
-        if stale.any():
-            bad = order[stale]
-            r.gstart, r.gstart_c = r.gstart.copy(), r.gstart_c.copy()
-            r.gstart[bad] = np.nan
-            r.gstart_c[bad] = np.nan
+        return order, stale
 
     def _gaps(self, r: Recs) -> None:
+        got = kernels.gaps(
+            r.proc, r.arrival, r.gstart, r.gend, r.uid,
+            self.carry_arrival, self.carry_gend, self.carry_uid,
+        )  # fmt: skip
+        if got is not None:
+            r.prev_uid, r.gap_g, r.gap_h, r.dur = got
+            return
         n, m = len(r), LOOKBACK
         # each process's ops, in stream order
         order = stable_order(r.proc, int(r.proc.max()) + 1) if n else np.zeros(0, np.int64)
@@ -203,7 +229,13 @@ class Preparer:
             ):
                 dest[p, t] = np.where(new, mine[src], before[np.arange(len(p)), shifted])
 
-    def _op_index(self, r: Recs, by_slot: np.ndarray) -> None:
+    def _op_index(self, r: Recs, by_slot: Callable[[], np.ndarray]) -> None:
+        got = kernels.op_index(
+            r.p2p, r.cslot, r.func, r.seq, r.arrival_c, self.last_seq, self.op_count
+        )
+        if got is not None:
+            r.op_index = got
+            return
         idx = np.full(len(r), -1, dtype=np.int64)
         coll = np.flatnonzero(~r.p2p)
         if len(coll):
@@ -213,7 +245,7 @@ class Preparer:
             rel = np.clip(t - t.min(), 0, 2.0**40 - 1).astype(np.int64)
             where = np.full(len(r), -1, dtype=np.int64)
             where[coll] = np.arange(len(coll))
-            mine = where[by_slot]
+            mine = where[by_slot()]
             order = _then_by(mine[mine >= 0], slots, rel >> 17)
             if order is None:
                 order = np.argsort((slots.astype(np.int64) << 23) + (rel >> 17), kind="stable")

@@ -28,18 +28,16 @@ import functools
 import gzip
 import mmap
 import os
-import pathlib
 import queue
 import re
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from importlib import resources
 from typing import Any
 
 import numpy as np
 
-from rankwatch import schema
+from rankwatch import nativelib, schema
 from rankwatch.store.discover import RecordFile
 from rankwatch.store.tables import OP_COLUMNS, OP_GROUP_FIELDS, op_json_columns
 
@@ -66,30 +64,6 @@ _SQL_TO_CODE = {"BIGINT": "i", "DOUBLE": "f", "VARCHAR": "s", "BOOLEAN": "b"}
 
 
 # ------------------------------------------------------------------ library
-
-
-def _library_candidates() -> Iterator[pathlib.Path]:
-    yield pathlib.Path(str(resources.files("rankwatch").joinpath("_lib", LIB_FILENAME)))
-    # Editable installs import the sources from the checkout while CMake installs
-    # the library into site-packages; the distribution's RECORD says where.
-    from importlib import metadata
-
-    from rankwatch import __version__
-
-    try:
-        dist = metadata.distribution("rankwatch")
-    except metadata.PackageNotFoundError:
-        return
-    if dist.version != __version__:
-        return
-    for file in dist.files or ():
-        if file.name == LIB_FILENAME:
-            yield pathlib.Path(str(file.locate()))
-
-
-_lib_lock = threading.Lock()
-_lib: Any = None
-_lib_tried = False
 
 
 def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
@@ -120,18 +94,7 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
 
 def load_library() -> ctypes.CDLL | None:
     """The native reader library, or None when this installation has none."""
-    global _lib, _lib_tried
-    with _lib_lock:
-        if not _lib_tried:
-            _lib_tried = True
-            for path in _library_candidates():
-                if path.is_file():
-                    try:
-                        _lib = _bind(ctypes.CDLL(str(path)))
-                        break
-                    except (OSError, AttributeError):
-                        continue
-        return _lib
+    return nativelib.load(LIB_FILENAME, _bind)
 
 
 def available() -> bool:

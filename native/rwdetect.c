@@ -1,0 +1,196 @@
+/* rwdetect: compiled kernels of rankwatch's streaming detectors.
+ *
+ * rankwatch.detect.kernels loads this library with ctypes. Each kernel is the
+ * sequential form of a NumPy computation in rankwatch/detect/ that NumPy can
+ * only express with sorts and a dozen passes over every record; the NumPy form
+ * stays in place as the fallback (and as the reference the tests compare with).
+ *
+ * Conventions: arrays are C-contiguous int64/double/uint8 of the length given;
+ * `order`, where a kernel takes one, lists the record indices to visit (NULL:
+ * 0..n-1, the stream order). A kernel validates every index it will use before
+ * it changes any state, and returns RWD_RANGE without touching anything when
+ * one is out of range, so a caller can fall back to NumPy (which raises).
+ * RWD_UNORDERED likewise means "nothing changed: the records are not in the
+ * order this kernel needs without `order`".
+ *
+ * No allocation, no global state: thread-compatible.
+ */
+#include <math.h>
+#include <float.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define RWD_EXPORT __attribute__((visibility("default")))
+
+enum { RWD_OK = 0, RWD_UNORDERED = -1, RWD_RANGE = -2 };
+
+#define LOOKBACK 3             /* prepare.LOOKBACK */
+#define STALE_SLACK_NS 2000.0  /* prepare.STALE_SLACK_NS */
+#define REL_MAX 1099511627775.0 /* 2**40 - 1, prepare._op_index's clip */
+#define REL_SHIFT 17           /* prepare._op_index's coarsening */
+
+static int in_range(int64_t v, int64_t bound) { return v >= 0 && v < bound; }
+
+/* `order` (when given) and the group ids its records use are all in range. */
+static int check_groups(int64_t n, const int64_t *order, int64_t n_order,
+                        const int64_t *group, int64_t bound) {
+  int64_t m = order ? n_order : n;
+  for (int64_t j = 0; j < m; j++) {
+    int64_t i = order ? order[j] : j;
+    if (!in_range(i, n) || !in_range(group[i], bound)) return 0;
+  }
+  return 1;
+}
+
+/* NaN sorts last (numpy.nan_to_num(..., nan=inf) in the reference). */
+static double nan_last(double v) { return isnan(v) ? INFINITY : v; }
+
+/* Stale GPU starts (prepare.Preparer._stale_starts): in each (communicator,
+ * rank) slot's arrival order, a start before the previous op's end (beyond
+ * the slack) that is not shared with it, or after the op's own end, belongs
+ * to an earlier op. Sets stale[i] (0/1) and returns how many; carries each
+ * slot's last end and start in slot_end/slot_start. Without `order`, the
+ * stream order must already be the arrival order within every slot
+ * (`scratch`: n_slots doubles, overwritten), else RWD_UNORDERED. */
+RWD_EXPORT int64_t rwd_stale(int64_t n, const int64_t *cslot, int64_t n_slots,
+                             const double *arrival, const double *gstart,
+                             const double *gend, const int64_t *order, int64_t n_order,
+                             double *slot_end, double *slot_start, uint8_t *stale,
+                             double *scratch) {
+  if (!check_groups(n, order, n_order, cslot, n_slots)) return RWD_RANGE;
+  if (!order) {
+    for (int64_t s = 0; s < n_slots; s++) scratch[s] = -INFINITY;
+    for (int64_t i = 0; i < n; i++) {
+      double a = nan_last(arrival[i]);
+      if (a < scratch[cslot[i]]) return RWD_UNORDERED;
+      scratch[cslot[i]] = a;
+    }
+  }
+  int64_t m = order ? n_order : n, count = 0;
+  for (int64_t i = 0; i < n; i++) stale[i] = 0;
+  for (int64_t j = 0; j < m; j++) {
+    int64_t i = order ? order[j] : j, s = cslot[i];
+    double gs = gstart[i], ge = gend[i];
+    /* comparisons with NaN are false and NaN != x is true, as in NumPy */
+    int bad = ((gs + STALE_SLACK_NS < slot_end[s]) && (gs != slot_start[s])) || (gs > ge);
+    stale[i] = (uint8_t)bad;
+    count += bad;
+    slot_end[s] = ge;
+    slot_start[s] = gs;
+  }
+  return count;
+}
+
+/* Clock-free local segments (prepare.Preparer._gaps), in stream order: each
+ * op's e_prev is the latest GPU end among its process's last LOOKBACK ops that
+ * arrived before it and ended before its GPU start (its arrival when the start
+ * is unknown); ties go to the nearer op. carry_* hold each process's last
+ * LOOKBACK ops, oldest first (n_procs x LOOKBACK, row-major), and are updated.
+ * Writes prev_uid (0: none), gap_g = gstart - e_prev, gap_h = arrival -
+ * e_prev and dur = gend - gstart. */
+RWD_EXPORT int64_t rwd_gaps(int64_t n, const int64_t *proc, int64_t n_procs,
+                            const double *arrival, const double *gstart, const double *gend,
+                            const int64_t *uid, double *carry_arrival, double *carry_gend,
+                            int64_t *carry_uid, int64_t *prev_uid, double *gap_g,
+                            double *gap_h, double *dur) {
+  if (!check_groups(n, NULL, 0, proc, n_procs)) return RWD_RANGE;
+  for (int64_t i = 0; i < n; i++) {
+    int64_t base = proc[i] * LOOKBACK;
+    double *ca = carry_arrival + base, *ce = carry_gend + base;
+    int64_t *cu = carry_uid + base;
+    double arr = arrival[i], gs = gstart[i], ge = gend[i];
+    double cut = isfinite(gs) ? gs : arr;
+    double best = -INFINITY;
+    int64_t best_uid = 0;
+    for (int k = LOOKBACK - 1; k >= 0; k--) { /* newest first */
+      if (ca[k] < arr && ce[k] <= cut && ce[k] > best) {
+        best = ce[k];
+        best_uid = cu[k];
+      }
+    }
+    double e_prev = isfinite(best) ? best : NAN;
+    prev_uid[i] = best_uid;
+    gap_g[i] = gs - e_prev;
+    gap_h[i] = arr - e_prev;
+    dur[i] = ge - gs;
+    for (int k = 0; k < LOOKBACK - 1; k++) {
+      ca[k] = ca[k + 1];
+      ce[k] = ce[k + 1];
+      cu[k] = cu[k + 1];
+    }
+    ca[LOOKBACK - 1] = arr;
+    ce[LOOKBACK - 1] = ge;
+    cu[LOOKBACK - 1] = uid[i];
+  }
+  return RWD_OK;
+}
+
+/* numpy.nan_to_num's finite stand-ins */
+static double finite_or(double v) {
+  if (isnan(v)) return 0.0;
+  if (isinf(v)) return v > 0 ? DBL_MAX : -DBL_MAX;
+  return v;
+}
+
+/* The issue-order key of prepare.Preparer._op_index: the arrival, relative to
+ * the batch's earliest collective, clipped to 40 bits and coarsened. */
+static int64_t issue_key(double t, double t0) {
+  double rel = finite_or(t) - t0;
+  if (!(rel > 0.0)) rel = 0.0;
+  if (rel > REL_MAX) rel = REL_MAX;
+  return ((int64_t)rel) >> REL_SHIFT;
+}
+
+/* Each collective's index among its (communicator, rank) slot's collectives in
+ * issue order (prepare.Preparer._op_index and _gaps_in_seq): a gap in a
+ * function's sequence numbers counts the ops it skipped, and an op arriving
+ * below its function's highest seq so far (a record delivered late) gets -1 and
+ * counts nothing. P2P records get -1. last_seq (n_slots x n_funcs) and
+ * op_count (n_slots) are carried and updated. Without `order`, each slot's
+ * collectives must stream in issue order (`scratch`: n_slots int64,
+ * overwritten), else RWD_UNORDERED; `order` lists the collectives only. */
+RWD_EXPORT int64_t rwd_op_index(int64_t n, const uint8_t *p2p, const int64_t *cslot,
+                                int64_t n_slots, const int64_t *func, int64_t n_funcs,
+                                const int64_t *seq, const double *arrival_c,
+                                const int64_t *order, int64_t n_order, int64_t *last_seq,
+                                int64_t *op_count, int64_t *idx, int64_t *scratch) {
+  int64_t m = order ? n_order : n;
+  for (int64_t j = 0; j < m; j++) {
+    int64_t i = order ? order[j] : j;
+    if (!in_range(i, n)) return RWD_RANGE;
+    if (p2p[i] && order) return RWD_RANGE;
+    if (!p2p[i] && (!in_range(cslot[i], n_slots) || !in_range(func[i], n_funcs)))
+      return RWD_RANGE;
+  }
+  if (!order) {
+    double t0 = INFINITY;
+    for (int64_t i = 0; i < n; i++)
+      if (!p2p[i] && finite_or(arrival_c[i]) < t0) t0 = finite_or(arrival_c[i]);
+    for (int64_t s = 0; s < n_slots; s++) scratch[s] = -1;
+    for (int64_t i = 0; i < n; i++) {
+      if (p2p[i]) continue;
+      int64_t key = issue_key(arrival_c[i], t0);
+      if (key < scratch[cslot[i]]) return RWD_UNORDERED;
+      scratch[cslot[i]] = key;
+    }
+  }
+  for (int64_t i = 0; i < n; i++) idx[i] = -1;
+  for (int64_t j = 0; j < m; j++) {
+    int64_t i = order ? order[j] : j;
+    if (p2p[i]) continue;
+    int64_t s = cslot[i], q = seq[i];
+    int64_t *last = last_seq + s * n_funcs + func[i];
+    int64_t prev = *last;
+    int64_t missing = 0;
+    int late = 0;
+    if (prev >= 0) {
+      missing = q - prev - 1 > 0 ? q - prev - 1 : 0;
+      late = q < prev;
+    }
+    if (q > *last) *last = q;
+    if (late) continue;
+    idx[i] = op_count[s] + missing;
+    op_count[s] += 1 + missing;
+  }
+  return RWD_OK;
+}

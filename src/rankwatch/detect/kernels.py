@@ -1,0 +1,155 @@
+"""Compiled kernels of the detectors (native/rwdetect.c, loaded with ctypes).
+
+Each kernel is the sequential form of a NumPy computation elsewhere in this
+package: one pass in stream order with per-process or per-slot state, where the
+NumPy form needs a sort and a dozen passes over every record. The NumPy form
+stays the reference and the fallback: it runs where the library is missing (a
+source checkout never built), under RANKWATCH_NATIVE=0, and for a batch a
+kernel declines (records out of the order it needs: `UNORDERED`; an index out
+of range: `RANGE`, left to NumPy to raise). The tests run both and compare.
+
+Every function returns None when it declined or the library is absent, so the
+caller's fallback is one `if`.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from typing import Any
+
+import numpy as np
+
+from rankwatch import nativelib
+
+LIB_FILENAME = "librankwatch-rwdetect.so"
+UNORDERED, RANGE = -1, -2
+
+_I64 = np.int64
+_F64 = np.float64
+
+
+def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
+    p, i64 = ctypes.c_void_p, ctypes.c_int64
+    sigs = {
+        "rwd_stale": [i64, p, i64, p, p, p, p, i64, p, p, p, p],
+        "rwd_gaps": [i64, p, i64, p, p, p, p, p, p, p, p, p, p, p],
+        "rwd_op_index": [i64, p, p, i64, p, i64, p, p, p, i64, p, p, p, p],
+    }
+    for name, argtypes in sigs.items():
+        fn = getattr(lib, name)
+        fn.restype = i64
+        fn.argtypes = argtypes
+    return lib
+
+
+def library() -> ctypes.CDLL | None:
+    """The kernels, or None (not built, or RANKWATCH_NATIVE=0)."""
+    if nativelib.disabled():
+        return None
+    return nativelib.load(LIB_FILENAME, _bind)
+
+
+def _ptr(a: np.ndarray | None) -> int | None:
+    return None if a is None else a.ctypes.data
+
+
+def _c(a: np.ndarray, dtype: Any) -> np.ndarray:
+    """`a` as a C-contiguous array of `dtype` (no copy when it already is one)."""
+    return np.ascontiguousarray(a, dtype=dtype)
+
+
+def _check_state(a: np.ndarray, dtype: Any) -> None:
+    # state arrays are written in place: a copy would silently lose the update
+    if a.dtype != dtype or not a.flags.c_contiguous or not a.flags.writeable:
+        raise TypeError(f"kernel state must be a writable C-contiguous {np.dtype(dtype)} array")
+
+
+def stale_starts(
+    cslot: np.ndarray,
+    arrival: np.ndarray,
+    gstart: np.ndarray,
+    gend: np.ndarray,
+    slot_end: np.ndarray,
+    slot_start: np.ndarray,
+    order: np.ndarray | None = None,
+) -> np.ndarray | None:
+    """prepare.Preparer._stale_starts' mask of stale GPU starts (slot_end and
+    slot_start updated), or None (declined: nothing changed)."""
+    lib = library()
+    if lib is None:
+        return None
+    for state in (slot_end, slot_start):
+        _check_state(state, _F64)
+    n = len(cslot)
+    cslot, arrival = _c(cslot, _I64), _c(arrival, _F64)
+    gstart, gend = _c(gstart, _F64), _c(gend, _F64)
+    order = None if order is None else _c(order, _I64)
+    stale = np.empty(n, dtype=np.uint8)
+    scratch = np.empty(len(slot_end))
+    got = lib.rwd_stale(
+        n, _ptr(cslot), len(slot_end), _ptr(arrival), _ptr(gstart), _ptr(gend),
+        _ptr(order), 0 if order is None else len(order),
+        _ptr(slot_end), _ptr(slot_start), _ptr(stale), _ptr(scratch),
+    )  # fmt: skip
+    return None if got < 0 else stale.view(bool)
+
+
+def gaps(
+    proc: np.ndarray,
+    arrival: np.ndarray,
+    gstart: np.ndarray,
+    gend: np.ndarray,
+    uid: np.ndarray,
+    carry_arrival: np.ndarray,
+    carry_gend: np.ndarray,
+    carry_uid: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
+    """prepare.Preparer._gaps' (prev_uid, gap_g, gap_h, dur), carries updated, or None."""
+    lib = library()
+    if lib is None:
+        return None
+    for state, dtype in ((carry_arrival, _F64), (carry_gend, _F64), (carry_uid, _I64)):
+        _check_state(state, dtype)
+    n = len(proc)
+    proc, arrival, uid = _c(proc, _I64), _c(arrival, _F64), _c(uid, _I64)
+    gstart, gend = _c(gstart, _F64), _c(gend, _F64)
+    prev_uid = np.empty(n, dtype=_I64)
+    gap_g, gap_h, dur = np.empty(n), np.empty(n), np.empty(n)
+    got = lib.rwd_gaps(
+        n, _ptr(proc), carry_arrival.shape[0], _ptr(arrival), _ptr(gstart), _ptr(gend),
+        _ptr(uid), _ptr(carry_arrival), _ptr(carry_gend), _ptr(carry_uid),
+        _ptr(prev_uid), _ptr(gap_g), _ptr(gap_h), _ptr(dur),
+    )  # fmt: skip
+    return None if got < 0 else (prev_uid, gap_g, gap_h, dur)
+
+
+def op_index(
+    p2p: np.ndarray,
+    cslot: np.ndarray,
+    func: np.ndarray,
+    seq: np.ndarray,
+    arrival_c: np.ndarray,
+    last_seq: np.ndarray,
+    op_count: np.ndarray,
+    order: np.ndarray | None = None,
+) -> np.ndarray | None:
+    """prepare.Preparer._op_index's index column (last_seq and op_count updated), or
+    None. `order`: the collectives' record indices in issue order."""
+    lib = library()
+    if lib is None:
+        return None
+    _check_state(last_seq, _I64)
+    _check_state(op_count, _I64)
+    n = len(cslot)
+    p2p = _c(p2p, np.bool_).view(np.uint8)
+    cslot, func, seq = _c(cslot, _I64), _c(func, _I64), _c(seq, _I64)
+    arrival_c = _c(arrival_c, _F64)
+    order = None if order is None else _c(order, _I64)
+    idx = np.empty(n, dtype=_I64)
+    scratch = np.empty(len(op_count), dtype=_I64)
+    got = lib.rwd_op_index(
+        n, _ptr(p2p), _ptr(cslot), len(op_count), _ptr(func), last_seq.shape[1], _ptr(seq),
+        _ptr(arrival_c), _ptr(order), 0 if order is None else len(order),
+        _ptr(last_seq), _ptr(op_count), _ptr(idx), _ptr(scratch),
+    )  # fmt: skip
+    return None if got < 0 else idx

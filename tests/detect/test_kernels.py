@@ -1,0 +1,182 @@
+"""The detectors' compiled kernels (native/rwdetect.c) against their NumPy forms.
+
+Each kernel replaces a NumPy computation of the record preparation; the NumPy
+form is the reference. Both run over the same streams (as recorded, shuffled
+within batches, with GPU starts gone stale or missing, with records delivered
+late) and must give the same columns and carry the same state, bit for bit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from rankwatch.align import align
+from rankwatch.detect import Topology, detect, kernels
+from rankwatch.detect.prepare import KEEP, Preparer
+from rankwatch.detect.source import windows
+from rankwatch.simulate import SimConfig, SlowFault, simulate
+from rankwatch.store import ingest
+
+pytestmark = pytest.mark.skipif(
+    kernels.library() is None, reason="the detectors' kernel library is not built"
+)
+
+STATE = ("carry_arrival", "carry_gend", "carry_uid", "op_count", "last_seq", "slot_end",
+         "slot_start")  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def job(tmp_path_factory: pytest.TempPathFactory):
+    out = tmp_path_factory.mktemp("kernels")
+    cfg = SimConfig(ranks=8, hosts=2, steps=60, tp=2, pp=2, seed=11, clock_offset_us=3000,
+                    slow=SlowFault(3, 20, "host", 2000))  # fmt: skip
+    simulate(cfg, out)
+    run = ingest([out]).run()
+    align(run)
+    topo = Topology.from_run(run)
+    return run, topo, [o for o, _, _ in windows(run, topo, 997) if o is not None]
+
+
+def _replace(ops, index: np.ndarray | None = None, **cols):
+    if index is not None:
+        cols = {f: getattr(ops, f)[index] for f in ops.__dataclass_fields__} | cols
+    return dataclasses.replace(ops, **cols)
+
+
+def _shuffled(batches, rng):
+    return [_replace(o, rng.permutation(len(o))) for o in batches]
+
+
+def _damaged(batches, rng):
+    """GPU starts moved before the previous op's end (stale), after the op's end,
+    or lost (NaN); some arrivals lost too."""
+    out = []
+    for o in batches:
+        gs, gsc, arr = o.gstart.copy(), o.gstart_c.copy(), o.arrival.copy()
+        n = len(o)
+        early = rng.random(n) < 0.05
+        gs[early] -= 5e6
+        gsc[early] -= 5e6
+        late = rng.random(n) < 0.02
+        gs[late] = o.gend[late] + 1e3
+        gone = rng.random(n) < 0.03
+        gs[gone], gsc[gone] = np.nan, np.nan
+        arr[rng.random(n) < 0.01] = np.nan
+        out.append(_replace(o, gstart=gs, gstart_c=gsc, arrival=arr))
+    return out
+
+
+def _edges(batches, rng):
+    """The boundaries of each rule: starts just inside the stale slack of the
+    previous op's end on the slot, ends tied with the process's previous op's,
+    and records delivered twice (a seq equal to the highest so far)."""
+    out = []
+    for o in batches:
+        gs, ge = o.gstart.copy(), o.gend.copy()
+        last_end: dict[tuple[int, int], float] = {}
+        last_proc_end: dict[int, float] = {}
+        for i in range(len(o)):
+            slot, p = (int(o.comm[i]), int(o.rank[i])), int(o.proc[i])
+            roll = rng.random()
+            if roll < 0.05 and slot in last_end:
+                gs[i] = last_end[slot] - 1500.0  # inside STALE_SLACK_NS
+            elif roll < 0.10 and p in last_proc_end:
+                ge[i] = last_proc_end[p]  # ends with the previous op (one group kernel)
+                gs[i] = min(gs[i], ge[i])
+            elif roll < 0.15 and p in last_proc_end and last_proc_end[p] <= gs[i]:
+                gs[i] = last_proc_end[p]  # starts exactly at the previous end
+            last_end[slot], last_proc_end[p] = ge[i], ge[i]
+        # each record once, some twice in a row (the stream order kept)
+        index = np.repeat(np.arange(len(o)), np.where(rng.random(len(o)) < 0.02, 2, 1))
+        out.append(_replace(_replace(o, gstart=gs, gend=ge), index))
+    return out
+
+
+def _late_records(batches, rng):
+    """A few records held back by several batches (a gap in sequence numbers when
+    the next op of their function comes, then the record itself, below it)."""
+    out = [b for b in batches]
+    for k in range(0, len(out) - 4, 3):
+        o = out[k]
+        pick = rng.choice(len(o), size=3, replace=False)
+        keep = np.setdiff1d(np.arange(len(o)), pick)
+        out[k] = _replace(o, keep)
+        later = out[k + 3]
+        out[k + 3] = dataclasses.replace(later, **{
+            f: np.r_[getattr(later, f), getattr(o, f)[pick]] for f in o.__dataclass_fields__
+        })  # fmt: skip
+    return out
+
+
+def _prepared(topo, batches, native: bool, monkeypatch) -> tuple[list, Preparer]:
+    monkeypatch.setenv("RANKWATCH_NATIVE", "1" if native else "0")
+    prep = Preparer(topo)
+    return [prep(o) for o in batches], prep
+
+
+def _same(a: np.ndarray, b: np.ndarray) -> bool:
+    return a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a, b, equal_nan=True)
+
+
+@pytest.mark.parametrize(
+    "stream", ["as_recorded", "shuffled", "damaged", "edges", "late_records"]
+)
+def test_prepared_columns_and_carried_state_match_numpy(job, monkeypatch, stream: str) -> None:
+    _, topo, batches = job
+    rng = np.random.default_rng(5)
+    make = {"as_recorded": lambda b, r: b, "shuffled": _shuffled, "damaged": _damaged,
+            "edges": _edges, "late_records": _late_records}[stream]  # fmt: skip
+    batches = make(batches, rng)
+    fast, fast_state = _prepared(topo, batches, True, monkeypatch)
+    ref, ref_state = _prepared(topo, batches, False, monkeypatch)
+    for i, (f, r) in enumerate(zip(fast, ref, strict=True)):
+        for name in KEEP:
+            assert _same(getattr(f, name), getattr(r, name)), (stream, i, name)
+    for name in STATE:
+        assert _same(getattr(fast_state, name), getattr(ref_state, name)), (stream, name)
+    if stream == "late_records":  # the stream did exercise the gap rule
+        assert any((p.op_index < 0).any() for p in fast)
+
+
+def test_a_declining_kernel_changes_no_state() -> None:
+    """Arrivals out of order within a slot: the stale-start kernel declines, and
+    the NumPy path (which sorts) must find the carried state untouched."""
+    slot_end, slot_start = np.full(2, 7.0), np.full(2, 3.0)
+    got = kernels.stale_starts(
+        np.array([0, 0]), np.array([2.0, 1.0]), np.array([5.0, 4.0]), np.array([6.0, 5.0]),
+        slot_end, slot_start,
+    )  # fmt: skip
+    assert got is None
+    assert slot_end.tolist() == [7.0, 7.0] and slot_start.tolist() == [3.0, 3.0]
+    last_seq, count = np.full((1, 3), -1, dtype=np.int64), np.zeros(1, dtype=np.int64)
+    args = (np.zeros(2, bool), np.zeros(2, np.int64), np.zeros(2, np.int64), np.array([0, 1]))
+    assert kernels.op_index(*args, np.array([9e6, 1.0]), last_seq, count) is None
+    assert last_seq.tolist() == [[-1, -1, -1]] and count.tolist() == [0]
+    # an index out of range is declined too (NumPy then raises as before)
+    assert kernels.op_index(*args[:1], np.array([0, 5]), *args[2:], np.zeros(2), last_seq,
+                            count) is None  # fmt: skip
+    assert count.tolist() == [0]
+
+
+def test_state_arrays_must_be_writable_in_place() -> None:
+    with pytest.raises(TypeError, match="C-contiguous float64"):
+        kernels.stale_starts(np.zeros(1, np.int64), np.zeros(1), np.zeros(1), np.zeros(1),
+                             np.zeros(2, np.float32), np.zeros(2))  # fmt: skip
+
+
+def test_findings_are_the_same_with_and_without_kernels(job, monkeypatch) -> None:
+    run, topo, _ = job
+    got = {}
+    for native in ("1", "0"):
+        monkeypatch.setenv("RANKWATCH_NATIVE", native)
+        got[native] = [f.to_dict() for f in detect(run, batch=997)]
+    assert got["1"] == got["0"]
+    assert [(f["kind"], f["rank"], f["cause"]) for f in got["1"]] == [("straggler", 3, "host")]
+
+
+def test_kernels_are_off_under_rankwatch_native_0(monkeypatch) -> None:
+    monkeypatch.setenv("RANKWATCH_NATIVE", "0")
+    assert kernels.library() is None
