@@ -194,3 +194,34 @@ RWD_EXPORT int64_t rwd_op_index(int64_t n, const uint8_t *p2p, const int64_t *cs
   }
   return RWD_OK;
 }
+
+/* The what-if replay of cost.Steps (cost.Steps._replay): instances in an order
+ * where every instance comes after the one each of its records points at
+ * (`prev`, -1: none), records grouped by instance (`starts[p]`: the first
+ * record of instance p; they run to the next instance's first, or n_rec). Each
+ * record starts when its process's previous op ends, replayed, plus its own
+ * segment shortened by dgap; the instance ends when its last member starts,
+ * less the transfer cut, so shift[p] = min(0, latest replayed start - g_max[p]
+ * - cut[p]). The same arithmetic as the NumPy form, in the same order, so the
+ * results are the same doubles (NaN propagates as numpy.maximum/minimum do). */
+RWD_EXPORT int64_t rwd_replay(int64_t n_inst, const int64_t *starts, int64_t n_rec,
+                              const double *g, const int64_t *prev, const double *dgap,
+                              const double *g_max, const double *cut, double *shift) {
+  for (int64_t p = 0; p < n_inst; p++) {
+    int64_t lo = starts[p], hi = p + 1 < n_inst ? starts[p + 1] : n_rec;
+    if (lo < 0 || hi > n_rec || lo >= hi) return RWD_RANGE;
+    for (int64_t r = lo; r < hi; r++)
+      if (prev[r] >= p) return RWD_RANGE;
+  }
+  for (int64_t p = 0; p < n_inst; p++) {
+    int64_t lo = starts[p], hi = p + 1 < n_inst ? starts[p + 1] : n_rec;
+    double top = 0.0;
+    for (int64_t r = lo; r < hi; r++) {
+      double v = g[r] + (prev[r] >= 0 ? shift[prev[r]] : 0.0) - dgap[r];
+      if (r == lo || (!isnan(top) && (isnan(v) || v > top))) top = v; /* NaN sticks */
+    }
+    double x = top - g_max[p] - cut[p];
+    shift[p] = (isnan(x) || x < 0.0) ? x : 0.0;
+  }
+  return RWD_OK;
+}

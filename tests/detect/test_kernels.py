@@ -9,9 +9,11 @@ late) and must give the same columns and carry the same state, bit for bit.
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import numpy as np
 import pytest
+from detect_scenarios import SUITE, simulate_scenario
 
 from rankwatch.align import align
 from rankwatch.detect import Topology, detect, kernels
@@ -180,3 +182,23 @@ def test_findings_are_the_same_with_and_without_kernels(job, monkeypatch) -> Non
 def test_kernels_are_off_under_rankwatch_native_0(monkeypatch) -> None:
     monkeypatch.setenv("RANKWATCH_NATIVE", "0")
     assert kernels.library() is None
+
+
+@pytest.mark.parametrize("name", ["three_stragglers_8", "gpu_and_transfer_16"])
+def test_several_culprits_cost_the_same_with_and_without_kernels(
+    name: str, tmp_path: Path, monkeypatch
+) -> None:
+    """The compiled what-if replay runs instances one after the other, NumPy level
+    by level: marginal, alone and total costs of several culprits (a transfer
+    culprit's cut included) must be the same numbers."""
+    sc = next(s for s in SUITE if s.name == name)
+    simulate_scenario(sc, tmp_path / name)
+    run = ingest([tmp_path / name]).run()
+    align(run)
+    got = {}
+    for native in ("1", "0"):
+        monkeypatch.setenv("RANKWATCH_NATIVE", native)
+        got[native] = ([f.to_dict() for f in detect(run)], run.meta["detect"]["total_cost_s"])
+    assert got["1"] == got["0"]
+    stragglers = [f for f in got["1"][0] if f["kind"] == "straggler"]
+    assert len(stragglers) >= 2 and any(f["cost_s"] > 0 for f in stragglers)

@@ -20,6 +20,7 @@ from collections import deque
 
 import numpy as np
 
+from rankwatch.detect import kernels
 from rankwatch.detect.base import Context, Window
 from rankwatch.detect.records import Recs
 from rankwatch.detect.robust import run_heads, run_tails, stable_order
@@ -106,10 +107,16 @@ class Steps:
         prev = find(raw.prev_uid[keep], seg)
         prev_pos = np.where(prev >= 0, pos_of[np.maximum(prev, 0)], -1)
         back = (prev_pos >= 0) & (prev_pos < pos)  # earlier instances only (see doc)
-        level = _levels(pos[back], prev_pos[back], n)  # per position
-        # q numbers instances by level, then position: the order they are replayed in
-        q_of = np.empty(n, dtype=np.int64)
-        q_of[stable_order(level, int(level.max()) + 1 if n else 1)] = np.arange(n)
+        # q numbers instances in the order they are replayed in: by position for the
+        # compiled replay (one instance after the other), else by level, then position
+        self.compiled = kernels.library() is not None
+        if self.compiled:
+            level = np.zeros(n, dtype=np.int64)
+            q_of = np.arange(n)
+        else:
+            level = _levels(pos[back], prev_pos[back], n)  # per position
+            q_of = np.empty(n, dtype=np.int64)
+            q_of[stable_order(level, int(level.max()) + 1 if n else 1)] = np.arange(n)
         q = q_of[pos]
         order = stable_order(q, n)
         rec = keep[order]
@@ -122,7 +129,10 @@ class Steps:
         self.n = n
         self.starts = np.flatnonzero(run_heads(self.q))
         self.g_max = np.maximum.reduceat(self.g, self.starts) if n else np.zeros(0)
-        self.levels = np.searchsorted(np.sort(level), np.arange(int(level.max()) + 2)) if n else []
+        if not self.compiled:
+            self.levels = (
+                np.searchsorted(np.sort(level), np.arange(int(level.max()) + 2)) if n else []
+            )
         self.rec_seg = seg[order]
         self.seg_q = np.empty(n, dtype=np.int64)
         self.seg_q[self.q] = self.rec_seg
@@ -182,6 +192,8 @@ class Steps:
         return saving
 
     def _replay(self, dgap: np.ndarray, cut: np.ndarray) -> np.ndarray:
+        if self.compiled:
+            return kernels.replay(self.starts, self.g, self.prev, dgap, self.g_max, cut)
         shift = np.zeros(self.n)
         g, prev, starts, lv = self.g, self.prev, self.starts, self.levels
         for a, b in zip(lv[:-1].tolist(), lv[1:].tolist(), strict=True):

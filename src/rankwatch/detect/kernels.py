@@ -34,6 +34,7 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
         "rwd_stale": [i64, p, i64, p, p, p, p, i64, p, p, p, p],
         "rwd_gaps": [i64, p, i64, p, p, p, p, p, p, p, p, p, p, p],
         "rwd_op_index": [i64, p, p, i64, p, i64, p, p, p, i64, p, p, p, p],
+        "rwd_replay": [i64, p, i64, p, p, p, p, p, p],
     }
     for name, argtypes in sigs.items():
         fn = getattr(lib, name)
@@ -153,3 +154,33 @@ def op_index(
         _ptr(last_seq), _ptr(op_count), _ptr(idx), _ptr(scratch),
     )  # fmt: skip
     return None if got < 0 else idx
+
+
+def replay(
+    starts: np.ndarray,
+    g: np.ndarray,
+    prev: np.ndarray,
+    dgap: np.ndarray,
+    g_max: np.ndarray,
+    cut: np.ndarray,
+) -> np.ndarray:
+    """cost.Steps._replay over instances in an order where each comes after the
+    instances its records point at (`prev`, by instance; -1: none): the shift of
+    each instance's end. For callers that chose the compiled path when they built
+    their arrays (library() was not None then): RANKWATCH_NATIVE is not read again
+    here, so a change of it between build and replay cannot strand them. Raises
+    ValueError when `prev` breaks that order (a caller's bug: the kernel never
+    guesses)."""
+    lib = nativelib.load(LIB_FILENAME, _bind)
+    if lib is None:
+        raise RuntimeError(f"{LIB_FILENAME} is not installed")
+    starts, g, prev = _c(starts, _I64), _c(g, _F64), _c(prev, _I64)
+    dgap, g_max, cut = _c(dgap, _F64), _c(g_max, _F64), _c(cut, _F64)
+    shift = np.empty(len(starts))
+    got = lib.rwd_replay(
+        len(starts), _ptr(starts), len(g), _ptr(g), _ptr(prev), _ptr(dgap),
+        _ptr(g_max), _ptr(cut), _ptr(shift),
+    )  # fmt: skip
+    if got < 0:
+        raise ValueError("replay: an instance points at a later one, or has no records")
+    return shift
