@@ -225,3 +225,101 @@ RWD_EXPORT int64_t rwd_replay(int64_t n_inst, const int64_t *starts, int64_t n_r
   }
   return RWD_OK;
 }
+
+#define FUNC_SEND 5    /* topology.SEND */
+#define FUNC_RECV 6    /* topology.RECV */
+#define SEQ_BITS 40    /* prepare.SEQ_BITS */
+#define UID_MIX 0x9E3779B97F4A7C15ULL /* prepare.MIX */
+
+/* The derived columns of prepare.Preparer.__call__ (cohort_keys, instance_uid,
+ * sym, cslot), in one pass: class and stage looked up, the cohort key (class and
+ * function code over the sequence number; for P2P the sender, receiver and the
+ * sequence number's low bits), the instance uid (the key mixed with the
+ * communicator), the op's symbol (class, function, P2P direction) and its
+ * (communicator, rank) slot. Unsigned arithmetic where NumPy's int64 wraps. */
+RWD_EXPORT int64_t rwd_columns(int64_t n, const int64_t *proc, const int64_t *comm,
+                               const int64_t *rank, const int64_t *func, const int64_t *seq,
+                               const int64_t *peer, int64_t n_procs, int64_t n_comms,
+                               const int64_t *comm_class, const int64_t *proc_stage,
+                               const int64_t *slot_base, const int64_t *comm_size,
+                               int32_t *cls, int32_t *stage, uint8_t *p2p, int64_t *key,
+                               int64_t *uid, int64_t *sym, int64_t *cslot) {
+  for (int64_t i = 0; i < n; i++)
+    if (!in_range(proc[i], n_procs) || !in_range(comm[i], n_comms)) return RWD_RANGE;
+  for (int64_t i = 0; i < n; i++) {
+    int64_t c = comm[i], f = func[i], r = rank[i], q = seq[i];
+    int64_t k = comm_class[c];
+    int is_p2p = f == FUNC_SEND || f == FUNC_RECV;
+    uint64_t code = (uint64_t)(k * 8 + (is_p2p ? FUNC_SEND : f));
+    uint64_t payload;
+    if (is_p2p) {
+      uint64_t sender = (uint64_t)(f == FUNC_RECV ? peer[i] : r);
+      uint64_t receiver = (uint64_t)(f == FUNC_RECV ? r : peer[i]);
+      payload = ((sender & 0xFFF) << 28) | ((receiver & 0xFFF) << 16) | ((uint64_t)q & 0xFFFF);
+    } else {
+      payload = (uint64_t)q & ((1ULL << SEQ_BITS) - 1);
+    }
+    uint64_t kk = (code << SEQ_BITS) | payload;
+    int64_t direction = is_p2p ? (peer[i] > r ? 1 : 2) : 0;
+    int64_t last = comm_size[c] - 1;
+    cls[i] = (int32_t)k;
+    stage[i] = (int32_t)proc_stage[proc[i]];
+    p2p[i] = (uint8_t)is_p2p;
+    key[i] = (int64_t)kk;
+    uid[i] = (int64_t)(kk * UID_MIX + (uint64_t)c);
+    sym[i] = (k * 8 + f) * 4 + direction;
+    cslot[i] = slot_base[c] + (r < last ? r : last);
+  }
+  return RWD_OK;
+}
+
+/* robust.cusum_lazy's arrays, with the same operations in the same order (so the
+ * same doubles): S = max(0, S_prev + step) per group (elements sorted by group,
+ * then time), computed as C_t - min(min C_k, -carry) from the within-group
+ * cumulative sum C, groups kept apart by an offset of `big` per group id as the
+ * NumPy form does. gid: `group` itself when dense, else counted at each group's
+ * first element. Writes s, zero (S at 0) and last_zero (the latest element at 0
+ * so far, -1: none); `c` is scratch of n doubles. */
+static double np_min(double a, double b) {
+  if (isnan(a)) return a;
+  if (isnan(b)) return b;
+  return a < b ? a : b;
+}
+
+RWD_EXPORT int64_t rwd_cusum(int64_t n, const double *step, const int64_t *group,
+                             const double *carry, int64_t n_carry, const int64_t *gstart,
+                             int64_t dense, double *c, double *s, uint8_t *zero,
+                             int64_t *last_zero) {
+  for (int64_t i = 0; i < n; i++)
+    if (!in_range(group[i], n_carry) || gstart[i] < 0 || gstart[i] > i) return RWD_RANGE;
+  double total = 0.0;
+  for (int64_t i = 0; i < n; i++) {
+    total += step[i];
+    c[i] = total; /* numpy.cumsum: sequential */
+  }
+  /* C_t = total_t - (total - step)[gstart]: backwards, so that c[gstart] (never
+   * after t) still holds the cumulative sum when it is read */
+  for (int64_t i = n - 1; i >= 0; i--) c[i] = c[i] - (c[gstart[i]] - step[gstart[i]]);
+  double max_c = 0.0, max_carry = 0.0;
+  for (int64_t i = 0; i < n; i++)
+    if (fabs(c[i]) > max_c || isnan(c[i])) max_c = fabs(c[i]);
+  for (int64_t g = 0; g < n_carry; g++)
+    if (fabs(carry[g]) > max_carry || isnan(carry[g])) max_carry = fabs(carry[g]);
+  double big = 4.0 * (max_c + max_carry + 1.0);
+  double tiny = 1e-9 * big, low = 0.0;
+  int64_t gid = -1, lz = -1;
+  for (int64_t i = 0; i < n; i++) {
+    if (dense) gid = group[i];
+    else if (gstart[i] == i) gid++;
+    double offset = (double)gid * big;
+    double y = np_min(c[i], -carry[group[i]]) - offset;
+    low = i == 0 ? y : np_min(low, y); /* numpy.minimum.accumulate */
+    double v = c[i] - (low + offset);
+    int at_zero = v <= tiny;
+    s[i] = at_zero ? 0.0 : v;
+    zero[i] = (uint8_t)at_zero;
+    if (at_zero) lz = i;
+    last_zero[i] = lz;
+  }
+  return RWD_OK;
+}

@@ -18,6 +18,7 @@ from detect_scenarios import SUITE, simulate_scenario
 from rankwatch.align import align
 from rankwatch.detect import Topology, detect, kernels
 from rankwatch.detect.prepare import KEEP, Preparer
+from rankwatch.detect.robust import cusum_lazy
 from rankwatch.detect.source import windows
 from rankwatch.simulate import SimConfig, SlowFault, simulate
 from rankwatch.store import ingest
@@ -202,3 +203,27 @@ def test_several_culprits_cost_the_same_with_and_without_kernels(
     assert got["1"] == got["0"]
     stragglers = [f for f in got["1"][0] if f["kind"] == "straggler"]
     assert len(stragglers) >= 2 and any(f["cost_s"] > 0 for f in stragglers)
+
+
+@pytest.mark.parametrize("dense", [True, False])
+def test_cusum_is_the_same_doubles_as_numpy(monkeypatch, dense: bool) -> None:
+    """Clipped z steps of many groups with carried sums, excursions reaching 0
+    exactly and not: S, and where each excursion began, identical."""
+    rng = np.random.default_rng(3)
+    n_groups = 300
+    sizes = rng.integers(1, 40, n_groups)
+    group = np.repeat(np.arange(n_groups), sizes)
+    if not dense:  # group ids with gaps (not their own index)
+        group = group * 3 + 1
+    step = np.minimum(rng.standard_t(2, len(group)), 8.0) - 0.5
+    step[rng.random(len(group)) < 0.1] = -0.5  # plain misses: S drops to 0 exactly
+    carry = np.where(rng.random(group.max() + 1) < 0.5, rng.random(group.max() + 1) * 6, 0.0)
+    at = np.arange(len(group))
+    got = {}
+    for native in ("1", "0"):
+        monkeypatch.setenv("RANKWATCH_NATIVE", native)
+        s, began_at = cusum_lazy(step, group, carry, dense=dense)
+        got[native] = (s, began_at(at))
+    assert np.array_equal(got["1"][0], got["0"][0]) and np.array_equal(got["1"][1], got["0"][1])
+    assert (got["1"][0] == 0).any() and (got["1"][0] > 0).any()
+    assert (got["1"][1] == -1).any() and (got["1"][1] >= 0).any()

@@ -35,6 +35,8 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
         "rwd_gaps": [i64, p, i64, p, p, p, p, p, p, p, p, p, p, p],
         "rwd_op_index": [i64, p, p, i64, p, i64, p, p, p, i64, p, p, p, p],
         "rwd_replay": [i64, p, i64, p, p, p, p, p, p],
+        "rwd_cusum": [i64, p, p, p, i64, p, i64, p, p, p, p],
+        "rwd_columns": [i64, p, p, p, p, p, p, i64, i64, p, p, p, p, p, p, p, p, p, p, p],
     }
     for name, argtypes in sigs.items():
         fn = getattr(lib, name)
@@ -63,6 +65,25 @@ def _check_state(a: np.ndarray, dtype: Any) -> None:
     # state arrays are written in place: a copy would silently lose the update
     if a.dtype != dtype or not a.flags.c_contiguous or not a.flags.writeable:
         raise TypeError(f"kernel state must be a writable C-contiguous {np.dtype(dtype)} array")
+
+
+def columns(ops: Any, topo: Any) -> dict[str, np.ndarray] | None:
+    """prepare.Preparer.__call__'s derived columns of a batch (OpColumns) under a
+    Topology: cls and stage (int32), p2p, key, uid, sym and cslot; or None."""
+    lib = library()
+    if lib is None:
+        return None
+    n = len(ops)
+    src = {k: _c(getattr(ops, k), _I64) for k in ("proc", "comm", "rank", "func", "seq", "peer")}
+    tables = [_c(a, _I64) for a in (topo.comm_class, topo.stage, topo.slot_base, topo.comm_size)]
+    out = {"cls": np.empty(n, np.int32), "stage": np.empty(n, np.int32),
+           "p2p": np.empty(n, np.bool_)}  # fmt: skip
+    out |= {k: np.empty(n, _I64) for k in ("key", "uid", "sym", "cslot")}
+    got = lib.rwd_columns(
+        n, *(_ptr(a) for a in src.values()), len(topo.stage), len(topo.comm_size),
+        *(_ptr(a) for a in tables), *(_ptr(a) for a in out.values()),
+    )  # fmt: skip
+    return None if got < 0 else out
 
 
 def stale_starts(
@@ -184,3 +205,22 @@ def replay(
     if got < 0:
         raise ValueError("replay: an instance points at a later one, or has no records")
     return shift
+
+
+def cusum(
+    step: np.ndarray, group: np.ndarray, carry: np.ndarray, gstart: np.ndarray, dense: bool
+) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """robust.cusum_lazy's (S, S at 0, latest element at 0 so far), or None."""
+    lib = library()
+    if lib is None:
+        return None
+    n = len(step)
+    step, group, gstart = _c(step, _F64), _c(group, _I64), _c(gstart, _I64)
+    carry = _c(carry, _F64)
+    s, scratch = np.empty(n), np.empty(n)
+    zero, last_zero = np.empty(n, np.uint8), np.empty(n, _I64)
+    got = lib.rwd_cusum(
+        n, _ptr(step), _ptr(group), _ptr(carry), len(carry), _ptr(gstart), int(dense),
+        _ptr(scratch), _ptr(s), _ptr(zero), _ptr(last_zero),
+    )  # fmt: skip
+    return None if got < 0 else (s, zero.view(bool), last_zero)

@@ -102,6 +102,27 @@ class Preparer:
     def __call__(self, ops: OpColumns) -> Recs:
         t = self.topo
         r = Recs({k: getattr(ops, k) for k in ops.__dataclass_fields__})
+        derived = kernels.columns(ops, t)
+        if derived is not None:
+            for name, col in derived.items():
+                setattr(r, name, col)
+        else:
+            self._derive(r, ops)
+
+        # each (communicator, rank)'s ops in stream order: made once, if a NumPy
+        # path below needs it (the compiled kernels walk the stream as it is)
+        @functools.cache
+        def by_slot() -> np.ndarray:
+            return stable_order(r.cslot, int(r.cslot.max()) + 1) if len(r) else r.cslot
+
+        self._stale_starts(r, by_slot)
+        self._gaps(r)
+        self._op_index(r, by_slot)
+        return Recs({k: narrow(getattr(r, k), t) for k, t in KEEP.items()})
+
+    def _derive(self, r: Recs, ops: OpColumns) -> None:
+        """Class, stage, cohort key, instance uid, symbol and slot of each record."""
+        t = self.topo
         r.cls = t.comm_class[ops.comm]
         r.stage = t.stage[ops.proc]
         p2p = (ops.func == SEND) | (ops.func == RECV)
@@ -113,17 +134,6 @@ class Preparer:
         direction = np.where(p2p, np.where(ops.peer > ops.rank, 1, 2), 0)
         r.sym = (r.cls * 8 + ops.func) * 4 + direction
         r.cslot = t.slot_base[ops.comm] + np.minimum(ops.rank, t.comm_size[ops.comm] - 1)
-
-        # each (communicator, rank)'s ops in stream order: made once, if a NumPy
-        # path below needs it (the compiled kernels walk the stream as it is)
-        @functools.cache
-        def by_slot() -> np.ndarray:
-            return stable_order(r.cslot, int(r.cslot.max()) + 1) if len(r) else r.cslot
-
-        self._stale_starts(r, by_slot)
-        self._gaps(r)
-        self._op_index(r, by_slot)
-        return Recs({k: (getattr(r, k).astype(t) if t else getattr(r, k)) for k, t in KEEP.items()})
 
     def _stale_starts(self, r: Recs, by_slot: Callable[[], np.ndarray]) -> None:
         """Forget GPU starts that belong to an earlier op: NCCL runs a communicator's
@@ -293,6 +303,11 @@ class Preparer:
         out_missing, out_late = np.empty_like(missing), np.empty_like(late)
         out_missing[by_key], out_late[by_key] = missing, late
         return out_missing, out_late
+
+
+def narrow(a: np.ndarray, dtype: type | None) -> np.ndarray:
+    """`a` in the type KEEP keeps it in (None: as it is; no copy when it already is)."""
+    return a if dtype is None else a.astype(dtype, copy=False)
 
 
 def _back(a: np.ndarray, k: int) -> np.ndarray:

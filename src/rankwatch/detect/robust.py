@@ -10,6 +10,8 @@ from collections.abc import Callable
 
 import numpy as np
 
+from rankwatch.detect import kernels
+
 MAD_SCALE = 1.4826  # MAD -> standard deviation for normal data
 
 
@@ -148,9 +150,26 @@ def cusum_lazy(
     n = len(step)
     if n == 0:
         return np.zeros(0), lambda at: np.zeros(len(at), dtype=np.int64)
-    idx = np.arange(n)
     if gstart is None:
         gstart = group_starts(group)
+    got = kernels.cusum(step, group, carry, gstart, dense)
+    if got is None:  # no kernels: the same arrays in NumPy
+        got = _cusum_arrays(step, group, carry, gstart, dense)
+    s, zero, last_zero = got
+
+    def began_at(at: np.ndarray) -> np.ndarray:
+        lz, gs = last_zero[at], gstart[at]
+        began = np.where(lz >= gs, lz + 1, np.where(carry[group[at]] > 0, -1, gs))
+        return np.where(zero[at], -2, began)
+
+    return s, began_at
+
+
+def _cusum_arrays(step, group, carry, gstart, dense) -> tuple[np.ndarray, ...]:  # noqa: ANN001
+    """cusum_lazy's (S, S at 0, latest element at 0 so far) in NumPy: S_t = C_t -
+    min(min C_k, -carry) from the within-group cumulative sum C, the groups kept
+    apart by an offset of `big` per group in one running minimum."""
+    idx = np.arange(len(step))
     total = np.cumsum(step)
     c = total - (total - step)[gstart]  # within-group cumulative sum C_t
     gid = group if dense else np.cumsum(gstart == idx) - 1
@@ -160,13 +179,7 @@ def cusum_lazy(
     zero = s <= 1e-9 * big
     s = np.where(zero, 0.0, s)
     last_zero = np.maximum.accumulate(np.where(zero, idx, -1))
-
-    def began_at(at: np.ndarray) -> np.ndarray:
-        lz, gs = last_zero[at], gstart[at]
-        began = np.where(lz >= gs, lz + 1, np.where(carry[group[at]] > 0, -1, gs))
-        return np.where(zero[at], -2, began)
-
-    return s, began_at
+    return s, zero, last_zero
 
 
 def nanmax(a: np.ndarray) -> float:
