@@ -323,3 +323,52 @@ RWD_EXPORT int64_t rwd_cusum(int64_t n, const double *step, const int64_t *group
   }
   return RWD_OK;
 }
+
+/* The instances of cost.Steps._build: records of one uid in one step. Numbers
+ * them by first appearance (inst, n_inst returned), with each instance's step,
+ * uid and latest GPU end (max of its records' gend, numpy.maximum's NaN rule),
+ * and finds the instance each record's prev_uid names in the record's own step
+ * (prev_inst, -1: none there). An open-addressing table of `cap` slots (a power
+ * of two, at least twice n; table_inst filled with -1 by the caller) maps
+ * (uid, step) to the instance. inst_seg/inst_uid/inst_end hold n entries. */
+static uint64_t slot_of(int64_t uid, int64_t seg, uint64_t mask) {
+  uint64_t h = ((uint64_t)uid ^ ((uint64_t)seg * 0xC2B2AE3D27D4EB4FULL)) * UID_MIX;
+  return (h >> 17) & mask;
+}
+
+static int64_t lookup(int64_t uid, int64_t seg, uint64_t mask, const int64_t *inst_uid,
+                      const int64_t *inst_seg, const int64_t *table, uint64_t *at) {
+  uint64_t k = slot_of(uid, seg, mask);
+  while (table[k] >= 0) {
+    int64_t j = table[k];
+    if (inst_uid[j] == uid && inst_seg[j] == seg) break;
+    k = (k + 1) & mask;
+  }
+  *at = k;
+  return table[k];
+}
+
+RWD_EXPORT int64_t rwd_instances(int64_t n, const int64_t *uid, const int64_t *seg,
+                                 const double *gend, const int64_t *prev_uid, int64_t cap,
+                                 int64_t *table, int64_t *inst, int64_t *prev_inst,
+                                 int64_t *inst_seg, int64_t *inst_uid, double *inst_end) {
+  if (cap < 2 * n || cap < 1 || (cap & (cap - 1)) != 0) return RWD_RANGE;
+  uint64_t mask = (uint64_t)cap - 1, at;
+  int64_t count = 0;
+  for (int64_t i = 0; i < n; i++) {
+    int64_t j = lookup(uid[i], seg[i], mask, inst_uid, inst_seg, table, &at);
+    if (j < 0) {
+      j = count++;
+      table[at] = j;
+      inst_uid[j] = uid[i];
+      inst_seg[j] = seg[i];
+      inst_end[j] = -INFINITY;
+    }
+    inst[i] = j;
+    double e = gend[i], top = inst_end[j];
+    if (!isnan(top) && (isnan(e) || e > top)) inst_end[j] = e;
+  }
+  for (int64_t i = 0; i < n; i++)
+    prev_inst[i] = lookup(prev_uid[i], seg[i], mask, inst_uid, inst_seg, table, &at);
+  return count;
+}

@@ -227,3 +227,35 @@ def test_cusum_is_the_same_doubles_as_numpy(monkeypatch, dense: bool) -> None:
     assert np.array_equal(got["1"][0], got["0"][0]) and np.array_equal(got["1"][1], got["0"][1])
     assert (got["1"][0] == 0).any() and (got["1"][0] > 0).any()
     assert (got["1"][1] == -1).any() and (got["1"][1] >= 0).any()
+
+
+def test_instances_match_numpy_however_numbered(monkeypatch) -> None:
+    """Instances of uids spread over several steps, runs of one instance cut by
+    others, NaN ends, prev uids found in the step, in another step only, or
+    nowhere: per record, the instance's (uid, step, latest end) and the prev
+    instance's (uid, step) agree (the kernel numbers instances its own way)."""
+    from rankwatch.detect.cost import _instances_numpy
+
+    rng = np.random.default_rng(9)
+    n = 5000
+    seg = np.sort(rng.integers(0, 12, n))
+    uid = rng.integers(0, 400, n) * 7919
+    gend = rng.random(n) * 1e6
+    gend[rng.random(n) < 0.01] = np.nan
+    prev_uid = np.where(rng.random(n) < 0.8, rng.integers(0, 500, n) * 7919, 0)
+    fast = kernels.instances(uid, seg, gend, prev_uid)
+    with np.errstate(invalid="ignore"):  # NaN ends: numpy.maximum's rule, kept
+        ref = _instances_numpy(uid, seg, gend, prev_uid)
+    assert fast is not None and fast[1] == ref[1]
+
+    def canon(got):
+        inst, _, i_seg, i_uid, i_end, prev = got
+        me = np.c_[i_uid[inst], i_seg[inst], i_end[inst]]
+        found = prev >= 0
+        them = np.where(found[:, None], np.c_[i_uid[prev], i_seg[prev]], -1)
+        return me, them
+
+    (me_f, them_f), (me_r, them_r) = canon(fast), canon(ref)
+    assert np.array_equal(me_f, me_r, equal_nan=True) and np.array_equal(them_f, them_r)
+    assert (them_r[:, 0] == -1).any() and (them_r[:, 0] >= 0).any()
+    assert np.isnan(me_r[:, 2]).any()

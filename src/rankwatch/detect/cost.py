@@ -91,25 +91,20 @@ class Steps:
         raw = Recs({k: self._col(k, mine) for k in COLUMNS})
         keep = np.flatnonzero(np.isfinite(raw.gstart_c) & np.isfinite(raw.gend_c))
         seg = self.seg[mine][keep]
-        inst, n, inst_seg, inst_uid, heads, run_inst, find = _instances(raw.uid[keep], seg)
-        end = np.full(n, -np.inf)
-        if n:  # the latest end of each run of an instance's records, then of each instance
-            run_end = np.maximum.reduceat(raw.gend_c[keep], heads)
-            if len(heads) == n:
-                end[run_inst] = run_end
-            else:
-                np.maximum.at(end, run_inst, run_end)
+        got = kernels.instances(raw.uid[keep], seg, raw.gend_c[keep], raw.prev_uid[keep])
+        self.compiled = got is not None
+        if got is None:
+            got = _instances_numpy(raw.uid[keep], seg, raw.gend_c[keep], raw.prev_uid[keep])
+        inst, n, inst_seg, inst_uid, end, prev = got
         # position: by step, then end, then uid (the order one step's replay runs in)
         by_pos = np.lexsort((inst_uid, end, inst_seg))
         pos_of = np.empty(n, dtype=np.int64)
         pos_of[by_pos] = np.arange(n)
         pos = pos_of[inst]
-        prev = find(raw.prev_uid[keep], seg)
         prev_pos = np.where(prev >= 0, pos_of[np.maximum(prev, 0)], -1)
         back = (prev_pos >= 0) & (prev_pos < pos)  # earlier instances only (see doc)
         # q numbers instances in the order they are replayed in: by position for the
         # compiled replay (one instance after the other), else by level, then position
-        self.compiled = kernels.library() is not None
         if self.compiled:
             level = np.zeros(n, dtype=np.int64)
             q_of = np.arange(n)
@@ -226,6 +221,19 @@ class Segment:
             more[self.k] = True
             self.steps.plan(culprits, more)
         return float(self.steps.replay(culprits)[self.k])
+
+
+def _instances_numpy(uid: np.ndarray, seg: np.ndarray, gend: np.ndarray, prev_uid: np.ndarray):
+    """Steps._build's instances in NumPy (kernels.instances' result)."""
+    inst, n, inst_seg, inst_uid, heads, run_inst, find = _instances(uid, seg)
+    end = np.full(n, -np.inf)
+    if n:  # the latest end of each run of an instance's records, then of each instance
+        run_end = np.maximum.reduceat(gend, heads)
+        if len(heads) == n:
+            end[run_inst] = run_end
+        else:
+            np.maximum.at(end, run_inst, run_end)
+    return inst, n, inst_seg, inst_uid, end, find(prev_uid, seg)
 
 
 def _instances(uid: np.ndarray, seg: np.ndarray):

@@ -35,6 +35,7 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
         "rwd_gaps": [i64, p, i64, p, p, p, p, p, p, p, p, p, p, p],
         "rwd_op_index": [i64, p, p, i64, p, i64, p, p, p, i64, p, p, p, p],
         "rwd_replay": [i64, p, i64, p, p, p, p, p, p],
+        "rwd_instances": [i64, p, p, p, p, i64, p, p, p, p, p, p],
         "rwd_cusum": [i64, p, p, p, i64, p, i64, p, p, p, p],
         "rwd_columns": [i64, p, p, p, p, p, p, i64, i64, p, p, p, p, p, p, p, p, p, p, p],
     }
@@ -224,3 +225,27 @@ def cusum(
         _ptr(scratch), _ptr(s), _ptr(zero), _ptr(last_zero),
     )  # fmt: skip
     return None if got < 0 else (s, zero.view(bool), last_zero)
+
+
+def instances(
+    uid: np.ndarray, seg: np.ndarray, gend: np.ndarray, prev_uid: np.ndarray
+) -> tuple[np.ndarray, int, np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
+    """cost.Steps._build's instances (records of one uid in one step): (instance of
+    each record, their count, each instance's step, uid and latest GPU end, the
+    instance each record's prev_uid names in its step or -1), or None."""
+    lib = library()
+    if lib is None:
+        return None
+    n = len(uid)
+    uid, seg, prev_uid, gend = _c(uid, _I64), _c(seg, _I64), _c(prev_uid, _I64), _c(gend, _F64)
+    cap = 1 << max(1, (2 * n - 1).bit_length())
+    table = np.full(cap, -1, dtype=_I64)
+    inst, prev = np.empty(n, _I64), np.empty(n, _I64)
+    inst_seg, inst_uid, inst_end = np.empty(n, _I64), np.empty(n, _I64), np.empty(n)
+    got = lib.rwd_instances(
+        n, _ptr(uid), _ptr(seg), _ptr(gend), _ptr(prev_uid), cap, _ptr(table),
+        _ptr(inst), _ptr(prev), _ptr(inst_seg), _ptr(inst_uid), _ptr(inst_end),
+    )  # fmt: skip
+    if got < 0:
+        return None
+    return inst, int(got), inst_seg[:got], inst_uid[:got], inst_end[:got], prev
