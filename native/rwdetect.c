@@ -356,7 +356,12 @@ RWD_EXPORT int64_t rwd_instances(int64_t n, const int64_t *uid, const int64_t *s
   uint64_t mask = (uint64_t)cap - 1, at;
   int64_t count = 0;
   for (int64_t i = 0; i < n; i++) {
-    int64_t j = lookup(uid[i], seg[i], mask, inst_uid, inst_seg, table, &at);
+    int64_t j;
+    if (i > 0 && uid[i] == uid[i - 1] && seg[i] == seg[i - 1]) { /* runs: the usual case */
+      j = inst[i - 1];
+    } else {
+      j = lookup(uid[i], seg[i], mask, inst_uid, inst_seg, table, &at);
+    }
     if (j < 0) {
       j = count++;
       table[at] = j;
