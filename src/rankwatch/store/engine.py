@@ -24,8 +24,11 @@ Settings, read once from the environment by `EngineSettings.from_env()`:
   RANKWATCH_SPILL_DIR     where spill directories go (default: the system temp dir)
   RANKWATCH_THREADS       DuckDB worker threads (default: DuckDB's, one per core); also
                           the native reader's parsing threads
-  RANKWATCH_NATIVE        `0` reads op records with DuckDB's JSON reader even where the
-                          native reader (rankwatch.store.native) is installed
+  RANKWATCH_NATIVE        `0` turns the compiled helpers off where they are installed:
+                          op records are read with DuckDB's JSON reader instead of the
+                          native reader (rankwatch.store.native), and the detectors run
+                          their NumPy forms instead of their kernels
+                          (rankwatch.detect.kernels); same results, only slower
 """
 
 from __future__ import annotations
