@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from analysis_support import first_op_lines, inspector_coll, write_lines
 
-from rankwatch import schema
+from rankwatch import nativelib, schema
 from rankwatch.store import EngineSettings, ingest, native
 from rankwatch.store.engine import DEFAULT_MEMORY_LIMIT
 from rankwatch.store.tables import OP_COLUMNS, OP_GROUP_FIELDS
@@ -190,8 +190,7 @@ def test_a_file_without_the_library_goes_through_duckdb(
 ) -> None:
     directory = sim("desync")
     with_library = _ingest(directory, use_native=True)
-    monkeypatch.setattr(native, "_lib", None)
-    monkeypatch.setattr(native, "_lib_tried", True)
+    monkeypatch.setitem(nativelib._loaded, native.LIB_FILENAME, None)  # as if never built
     assert not native.available()
     assert EngineSettings().native_workers() == 0
     without = _ingest(directory, use_native=True)
