@@ -20,9 +20,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define RWD_EXPORT __attribute__((visibility("default")))
+#include "rwdetect.h"
 
-enum { RWD_OK = 0, RWD_UNORDERED = -1, RWD_RANGE = -2 };
+#define RWD_EXPORT __attribute__((visibility("default")))
 
 #define LOOKBACK 3             /* prepare.LOOKBACK */
 #define STALE_SLACK_NS 2000.0  /* prepare.STALE_SLACK_NS */
@@ -30,6 +30,11 @@ enum { RWD_OK = 0, RWD_UNORDERED = -1, RWD_RANGE = -2 };
 #define REL_SHIFT 17           /* prepare._op_index's coarsening */
 
 static int in_range(int64_t v, int64_t bound) { return v >= 0 && v < bound; }
+
+/* int64 arithmetic that wraps as NumPy's does (signed overflow is undefined in C) */
+static int64_t wrap_add(int64_t a, int64_t b) { return (int64_t)((uint64_t)a + (uint64_t)b); }
+static int64_t wrap_sub(int64_t a, int64_t b) { return (int64_t)((uint64_t)a - (uint64_t)b); }
+static int64_t wrap_mul(int64_t a, int64_t b) { return (int64_t)((uint64_t)a * (uint64_t)b); }
 
 /* `order` (when given) and the group ids its records use are all in range. */
 static int check_groups(int64_t n, const int64_t *order, int64_t n_order,
@@ -184,13 +189,14 @@ RWD_EXPORT int64_t rwd_op_index(int64_t n, const uint8_t *p2p, const int64_t *cs
     int64_t missing = 0;
     int late = 0;
     if (prev >= 0) {
-      missing = q - prev - 1 > 0 ? q - prev - 1 : 0;
+      int64_t gap = wrap_sub(wrap_sub(q, prev), 1);
+      missing = gap > 0 ? gap : 0;
       late = q < prev;
     }
     if (q > *last) *last = q;
     if (late) continue;
-    idx[i] = op_count[s] + missing;
-    op_count[s] += 1 + missing;
+    idx[i] = wrap_add(op_count[s], missing);
+    op_count[s] = wrap_add(op_count[s], wrap_add(1, missing));
   }
   return RWD_OK;
 }
@@ -250,7 +256,7 @@ RWD_EXPORT int64_t rwd_columns(int64_t n, const int64_t *proc, const int64_t *co
     int64_t c = comm[i], f = func[i], r = rank[i], q = seq[i];
     int64_t k = comm_class[c];
     int is_p2p = f == FUNC_SEND || f == FUNC_RECV;
-    uint64_t code = (uint64_t)(k * 8 + (is_p2p ? FUNC_SEND : f));
+    uint64_t code = (uint64_t)wrap_add(wrap_mul(k, 8), is_p2p ? FUNC_SEND : f);
     uint64_t payload;
     if (is_p2p) {
       uint64_t sender = (uint64_t)(f == FUNC_RECV ? peer[i] : r);
@@ -261,14 +267,14 @@ RWD_EXPORT int64_t rwd_columns(int64_t n, const int64_t *proc, const int64_t *co
     }
     uint64_t kk = (code << SEQ_BITS) | payload;
     int64_t direction = is_p2p ? (peer[i] > r ? 1 : 2) : 0;
-    int64_t last = comm_size[c] - 1;
+    int64_t last = wrap_sub(comm_size[c], 1);
     cls[i] = (int32_t)k;
     stage[i] = (int32_t)proc_stage[proc[i]];
     p2p[i] = (uint8_t)is_p2p;
     key[i] = (int64_t)kk;
     uid[i] = (int64_t)(kk * UID_MIX + (uint64_t)c);
-    sym[i] = (k * 8 + f) * 4 + direction;
-    cslot[i] = slot_base[c] + (r < last ? r : last);
+    sym[i] = wrap_add(wrap_mul(wrap_add(wrap_mul(k, 8), f), 4), direction);
+    cslot[i] = wrap_add(slot_base[c], r < last ? r : last);
   }
   return RWD_OK;
 }

@@ -1,0 +1,200 @@
+/* Random and extreme inputs for every rwdetect kernel, for builds under
+ * AddressSanitizer and UBSan (tests/detect/test_kernels.py builds and runs it):
+ * indices in and out of range, NaN and infinite times, sequence numbers at the
+ * int64 limits, empty batches. A kernel must return a count, RWD_OK,
+ * RWD_UNORDERED or RWD_RANGE, and read and write only what it was given.
+ *
+ * usage: fuzz_rwdetect ITERATIONS SEED   (prints "ok: N" on success) */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "rwdetect.h"
+
+static uint64_t state;
+
+static uint64_t next(void) { /* splitmix64 */
+  uint64_t z = (state += 0x9E3779B97F4A7C15ULL);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+  return z ^ (z >> 31);
+}
+
+static int64_t pick(int64_t bound) { return bound > 0 ? (int64_t)(next() % (uint64_t)bound) : 0; }
+
+/* mostly in [0, bound), sometimes just outside or at the limits */
+static int64_t index_like(int64_t bound) {
+  switch (pick(40)) {
+    case 0: return -1;
+    case 1: return bound;
+    case 2: return INT64_MIN;
+    case 3: return INT64_MAX;
+    default: return pick(bound);
+  }
+}
+
+static int64_t int_like(void) {
+  switch (pick(12)) {
+    case 0: return INT64_MIN;
+    case 1: return INT64_MAX;
+    case 2: return -pick(1000);
+    default: return pick(5000);
+  }
+}
+
+static double time_like(void) {
+  switch (pick(30)) {
+    case 0: return NAN;
+    case 1: return INFINITY;
+    case 2: return -INFINITY;
+    case 3: return 1e300;
+    default: return (double)pick(1000000);
+  }
+}
+
+#define NEW(T, n) ((T *)calloc((size_t)(n) + 1, sizeof(T)))
+
+static int ok(int64_t got) { return got >= 0 || got == RWD_UNORDERED || got == RWD_RANGE; }
+
+static int one_round(int64_t n) {
+  int64_t n_procs = 1 + pick(6), n_slots = 1 + pick(8), n_funcs = 8, n_comms = 1 + pick(4);
+  int64_t *proc = NEW(int64_t, n), *cslot = NEW(int64_t, n), *func = NEW(int64_t, n);
+  int64_t *seq = NEW(int64_t, n), *uid = NEW(int64_t, n), *order = NEW(int64_t, n);
+  int64_t *comm = NEW(int64_t, n), *rank = NEW(int64_t, n), *peer = NEW(int64_t, n);
+  double *arrival = NEW(double, n), *gstart = NEW(double, n), *gend = NEW(double, n);
+  uint8_t *p2p = NEW(uint8_t, n), *flags = NEW(uint8_t, n);
+  int64_t n_order = 0;
+  for (int64_t i = 0; i < n; i++) {
+    proc[i] = index_like(n_procs);
+    cslot[i] = index_like(n_slots);
+    func[i] = index_like(n_funcs);
+    comm[i] = index_like(n_comms);
+    rank[i] = int_like();
+    peer[i] = int_like();
+    seq[i] = int_like();
+    uid[i] = (int64_t)next();
+    arrival[i] = time_like();
+    gstart[i] = time_like();
+    gend[i] = time_like();
+    p2p[i] = (uint8_t)(pick(5) == 0);
+    if (!p2p[i] && pick(2)) order[n_order++] = index_like(n);
+  }
+  int use_order = (int)pick(2);
+  int good = 1;
+
+  double *slot_end = NEW(double, n_slots), *slot_start = NEW(double, n_slots);
+  double *dscratch = NEW(double, n_slots);
+  for (int64_t s = 0; s < n_slots; s++) slot_end[s] = slot_start[s] = time_like();
+  good &= ok(rwd_stale(n, cslot, n_slots, arrival, gstart, gend, use_order ? order : NULL,
+                       n_order, slot_end, slot_start, flags, dscratch));
+
+  double *ca = NEW(double, n_procs * 3), *ce = NEW(double, n_procs * 3);
+  int64_t *cu = NEW(int64_t, n_procs * 3), *prev_uid = NEW(int64_t, n);
+  double *gap_g = NEW(double, n), *gap_h = NEW(double, n), *dur = NEW(double, n);
+  for (int64_t k = 0; k < n_procs * 3; k++) ca[k] = ce[k] = time_like();
+  good &= ok(rwd_gaps(n, proc, n_procs, arrival, gstart, gend, uid, ca, ce, cu, prev_uid, gap_g,
+                      gap_h, dur));
+
+  int64_t *last_seq = NEW(int64_t, n_slots * n_funcs), *op_count = NEW(int64_t, n_slots);
+  int64_t *idx = NEW(int64_t, n), *iscratch = NEW(int64_t, n_slots);
+  for (int64_t k = 0; k < n_slots * n_funcs; k++) last_seq[k] = pick(3) ? -1 : int_like();
+  for (int64_t s = 0; s < n_slots; s++) op_count[s] = int_like();
+  good &= ok(rwd_op_index(n, p2p, cslot, n_slots, func, n_funcs, seq, arrival,
+                          use_order ? order : NULL, n_order, last_seq, op_count, idx,
+                          iscratch));
+
+  int64_t comm_class[4], stage[6], slot_base[4], comm_size[4];
+  for (int k = 0; k < 4; k++) {
+    comm_class[k] = pick(3);
+    slot_base[k] = int_like();
+    comm_size[k] = int_like();
+  }
+  for (int k = 0; k < 6; k++) stage[k] = pick(3);
+  int32_t *cls32 = NEW(int32_t, n), *stage32 = NEW(int32_t, n);
+  int64_t *key = NEW(int64_t, n), *uid2 = NEW(int64_t, n), *sym = NEW(int64_t, n);
+  good &= ok(rwd_columns(n, proc, comm, rank, func, seq, peer, n_procs, n_comms, comm_class,
+                         stage, slot_base, comm_size, cls32, stage32, flags, key, uid2, sym,
+                         idx));
+
+  /* cusum: groups sorted, gstart each group's first element (sometimes broken) */
+  int64_t *group = NEW(int64_t, n), *gst = NEW(int64_t, n), *lz = NEW(int64_t, n);
+  double *step = NEW(double, n), *carry = NEW(double, n + 1), *c = NEW(double, n);
+  double *s = NEW(double, n);
+  int64_t g = 0;
+  for (int64_t i = 0; i < n; i++) {
+    if (i == 0 || pick(4) == 0) {
+      if (i) g++;
+      gst[i] = i;
+    } else {
+      gst[i] = gst[i - 1];
+    }
+    group[i] = g;
+    step[i] = pick(50) ? (double)pick(20) - 10.0 : time_like();
+    if (pick(60) == 0) gst[i] = index_like(n);
+  }
+  for (int64_t k = 0; k <= n; k++) carry[k] = pick(2) ? 0.0 : (double)pick(9);
+  good &= ok(rwd_cusum(n, step, group, carry, g + 1, gst, (int64_t)pick(2), c, s, flags, lz));
+
+  /* instances */
+  int64_t cap = 2;
+  while (cap < 2 * n) cap *= 2;
+  int64_t *table = NEW(int64_t, cap), *inst = NEW(int64_t, n), *prev_inst = NEW(int64_t, n);
+  int64_t *inst_seg = NEW(int64_t, n), *inst_uid = NEW(int64_t, n), *seg = NEW(int64_t, n);
+  double *inst_end = NEW(double, n);
+  for (int64_t k = 0; k < cap; k++) table[k] = -1;
+  for (int64_t i = 0; i < n; i++) {
+    seg[i] = pick(4);
+    uid[i] = pick(20);
+    prev_uid[i] = pick(25);
+  }
+  int64_t n_inst = rwd_instances(n, uid, seg, gend, prev_uid, pick(10) ? cap : cap - 1, table,
+                                 inst, prev_inst, inst_seg, inst_uid, inst_end);
+  good &= ok(n_inst) && n_inst <= n;
+
+  /* replay over those instances, prev pointing back (sometimes forward) */
+  if (n_inst > 0) {
+    int64_t *starts = NEW(int64_t, n_inst), *prevq = NEW(int64_t, n);
+    double *g_max = NEW(double, n_inst), *cut = NEW(double, n_inst);
+    double *shift = NEW(double, n_inst);
+    int64_t r = 0;
+    for (int64_t p = 0; p < n_inst; p++) {
+      starts[p] = r < n ? r : n - 1;
+      int64_t count = 1 + pick(3);
+      for (int64_t k = 0; k < count && r < n; k++, r++)
+        prevq[r] = p > 0 && pick(3) ? pick(p) : (pick(30) ? -1 : p + pick(3));
+      g_max[p] = time_like();
+      cut[p] = pick(3) ? 0.0 : time_like();
+    }
+    good &= ok(rwd_replay(n_inst, starts, r, gstart, prevq, gend, g_max, cut, shift));
+    free(starts); free(prevq); free(g_max); free(cut); free(shift);
+  }
+
+  free(proc); free(cslot); free(func); free(seq); free(uid); free(order); free(comm);
+  free(rank); free(peer); free(arrival); free(gstart); free(gend); free(p2p); free(flags);
+  free(slot_end); free(slot_start); free(dscratch); free(ca); free(ce); free(cu);
+  free(prev_uid); free(gap_g); free(gap_h); free(dur); free(last_seq); free(op_count);
+  free(idx); free(iscratch); free(cls32); free(stage32); free(key); free(uid2); free(sym);
+  free(group); free(gst); free(lz); free(step); free(carry); free(c); free(s); free(table);
+  free(inst); free(prev_inst); free(inst_seg); free(inst_uid); free(seg); free(inst_end);
+  return good;
+}
+
+int main(int argc, char **argv) {
+  if (argc != 3) {
+    fprintf(stderr, "usage: %s ITERATIONS SEED\n", argv[0]);
+    return 2;
+  }
+  long iterations = strtol(argv[1], NULL, 10);
+  state = strtoull(argv[2], NULL, 10);
+  for (long i = 0; i < iterations; i++) {
+    int64_t n = pick(10) == 0 ? 0 : 1 + pick(300);
+    if (!one_round(n)) {
+      printf("bad return code at iteration %ld\n", i);
+      return 1;
+    }
+  }
+  printf("ok: %ld\n", iterations);
+  return 0;
+}
