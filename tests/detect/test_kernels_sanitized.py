@@ -12,9 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import REPO_ROOT
-
-NATIVE_DIR = REPO_ROOT / "native"
+NATIVE_DIR = Path(__file__).resolve().parents[2] / "native"
 
 
 def _compiler() -> str | None:
