@@ -11,7 +11,8 @@ Usage: python bench/detect_eval.py [--suite] [--large] [--speed] [--baseline DIR
             their memory on that stream (1.15M records) and on it repeated ten times as
             one longer job (11.5M records): the same detectors, the same window. CPU time
             (time.process_time) of one process pinned to one core with one BLAS/OpenMP
-            thread; the best of --repeat runs (other load on the machine only adds time).
+            thread and glibc malloc set up as the CLI sets up its process (rankwatch.alloc);
+            the best of --repeat runs (other load on the machine only adds time).
             The job and its records are kept in --workdir for the next run
 --baseline  with --speed: also measure another copy of the rankwatch.detect package (a
             directory holding its modules, e.g. an earlier commit's, from
@@ -272,8 +273,12 @@ def _use_detect(package: Path) -> None:
 
 
 def speed_child(windows_file: Path, times: int, memory: bool) -> dict:
-    """One measurement, in a process of its own (see speed)."""
+    """One measurement, in a process of its own (see speed), set up as the CLI sets
+    up its own process (rankwatch.alloc), whichever detectors it measures."""
+    from rankwatch.alloc import keep_freed_memory
+
     _one_core()
+    keep_freed_memory()
     with windows_file.open("rb") as f:
         topo, wins = pickle.load(f)
     gc.collect()

@@ -11,6 +11,7 @@ import importlib
 import click
 
 from rankwatch import __version__
+from rankwatch.alloc import keep_freed_memory
 from rankwatch.errors import RankwatchError
 
 # Modules under rankwatch.cli, in --help order; the command name is the module
@@ -60,3 +61,4 @@ class _LazyGroup(click.Group):
 )
 def main() -> None:
     """Per-rank observability for distributed GPU training (NCCL profiler plugin)."""
+    keep_freed_memory()  # this process only (see rankwatch.alloc)

@@ -1,0 +1,54 @@
+"""rankwatch.alloc: the analysis processes keep freed memory for the next batch."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+CHURN = """
+import resource, sys
+import numpy as np
+if sys.argv[1] == "tuned":
+    from rankwatch.alloc import keep_freed_memory
+    assert keep_freed_memory()
+a = np.ones(1 << 17)
+before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+for _ in range(400):  # what a batch does: temporaries of a few MB, made and freed
+    b = a * 2.0
+    c = b + a
+    del b, c
+print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+"""
+
+
+def _faults(mode: str) -> int:
+    done = subprocess.run([sys.executable, "-c", CHURN, mode], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    return int(done.stdout)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc malloc settings")
+def test_temporaries_reuse_memory_instead_of_faulting_it_in_again() -> None:
+    default, tuned = _faults("default"), _faults("tuned")
+    # 1 MiB temporaries: with glibc's defaults each is a fresh mmap (256 faults);
+    # kept, they fault in once
+    assert tuned * 20 < default, (tuned, default)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc malloc settings")
+def test_a_job_started_from_a_tuned_process_keeps_glibc_defaults() -> None:
+    """`rankwatch run` starts the training job: the settings must not reach it."""
+    parent = (
+        "import subprocess, sys\n"
+        "from rankwatch.alloc import keep_freed_memory\n"
+        "assert keep_freed_memory()\n"
+        "out = subprocess.run([sys.executable, '-c', sys.argv[1], 'default'],\n"
+        "                     capture_output=True, text=True, check=True).stdout\n"
+        "print(out)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", parent, CHURN], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    child = int(done.stdout)
+    assert child > 20 * _faults("tuned"), child
