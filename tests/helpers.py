@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -11,6 +12,15 @@ from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 RECORD_FORMAT_DOC = REPO_ROOT / "docs" / "record-format.md"
+NATIVE_DIR = REPO_ROOT / "native"
+
+
+def c_compiler() -> str | None:
+    """The C compiler for the sanitizer builds of the tests ($CC, cc, gcc or clang)."""
+    for cc in (os.environ.get("CC"), "cc", "gcc", "clang"):
+        if cc and shutil.which(cc):
+            return cc
+    return None
 
 
 def load_jsonl(path: str | os.PathLike[str]) -> list[dict[str, Any]]:

@@ -9,7 +9,6 @@ import gzip
 import json
 import os
 import random
-import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -18,12 +17,12 @@ import numpy as np
 import pytest
 from analysis_support import first_op_lines, inspector_coll, write_lines
 
+from helpers import NATIVE_DIR, c_compiler
 from rankwatch import nativelib, schema
 from rankwatch.store import EngineSettings, ingest, native
 from rankwatch.store.engine import DEFAULT_MEMORY_LIMIT
 from rankwatch.store.tables import OP_COLUMNS, OP_GROUP_FIELDS
 
-NATIVE_DIR = Path(__file__).resolve().parents[2] / "native"
 TABLES = ("ops", "comms", "progress", "clock", "stats", "files", "problems")
 
 needs_library = pytest.mark.skipif(
@@ -318,16 +317,9 @@ def test_keys_in_any_order_and_unknown_keys_are_read(sim) -> None:
 # --------------------------------------------------------------- sanitizers
 
 
-def _compiler() -> str | None:
-    for cc in (os.environ.get("CC"), "cc", "gcc", "clang"):
-        if cc and shutil.which(cc):
-            return cc
-    return None
-
-
-@pytest.mark.skipif(_compiler() is None, reason="no C compiler")
+@pytest.mark.skipif(c_compiler() is None, reason="no C compiler")
 def test_mangled_lines_never_crash_the_parser_under_sanitizers(sim, tmp_path: Path) -> None:
-    cc = _compiler()
+    cc = c_compiler()
     assert cc is not None
     binary = tmp_path / "fuzz_rwparse"
     build = subprocess.run(

@@ -6,25 +6,17 @@ hit undefined behaviour, and every call must return a count or a refusal."""
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 
-NATIVE_DIR = Path(__file__).resolve().parents[2] / "native"
+from helpers import NATIVE_DIR, c_compiler
 
 
-def _compiler() -> str | None:
-    for cc in (os.environ.get("CC"), "cc", "gcc", "clang"):
-        if cc and shutil.which(cc):
-            return cc
-    return None
-
-
-@pytest.mark.skipif(_compiler() is None, reason="no C compiler")
+@pytest.mark.skipif(c_compiler() is None, reason="no C compiler")
 def test_kernels_survive_random_and_extreme_inputs_under_sanitizers(tmp_path: Path) -> None:
-    cc = _compiler()
+    cc = c_compiler()
     assert cc is not None
     binary = tmp_path / "fuzz_rwdetect"
     build = subprocess.run(
