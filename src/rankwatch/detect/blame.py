@@ -110,15 +110,21 @@ class BlameDetector:
     def _account(self, r, rec, pos, mproc, root, seg, g_last) -> None:
         ok = root[pos] >= 0
         wait = g_last[pos] - r.gstart_c[rec]
-        victim = ok & (mproc != root[pos]) & (wait > 0)
-        for who in np.unique(root[pos][victim]).tolist():
-            mine = victim & (root[pos] == who)
-            if who not in self.caused:
+        victim = np.flatnonzero(ok & (mproc != root[pos]) & (wait > 0))
+        # victims grouped by root, each group in its original order (so the sums are
+        # the same however many roots there are): one sort, not a pass per root
+        who = root[pos[victim]]
+        by_root = np.argsort(who, kind="stable")
+        victim, who = victim[by_root], who[by_root]
+        heads = np.flatnonzero(run_heads(who)).tolist()
+        for a, b in zip(heads, heads[1:] + [len(who)], strict=True):
+            w, mine = int(who[a]), victim[a:b]
+            if w not in self.caused:
                 n = self.ctx.topo.n_procs
-                self.caused[who] = np.zeros(n)
-                self.comms[who] = np.zeros((n, self.ctx.topo.n_comms), dtype=bool)
-            np.add.at(self.caused[who], mproc[mine], wait[mine])
-            self.comms[who][mproc[mine], r.comm[rec[mine]]] = True
+                self.caused[w] = np.zeros(n)
+                self.comms[w] = np.zeros((n, self.ctx.topo.n_comms), dtype=bool)
+            np.add.at(self.caused[w], mproc[mine], wait[mine])
+            self.comms[w][mproc[mine], r.comm[rec[mine]]] = True
         # each process now carries the root of the latest blamed instance it was in
         done = np.flatnonzero(ok)
         self.root[mproc[done]] = root[pos[done]]  # later positions overwrite earlier ones
