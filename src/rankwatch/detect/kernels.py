@@ -9,7 +9,8 @@ kernel declines (records out of the order it needs: `UNORDERED`; an index out
 of range: `RANGE`, left to NumPy to raise). The tests run both and compare.
 
 Every function returns None when it declined or the library is absent, so the
-caller's fallback is one `if`.
+caller's fallback is one `if`; `replay` alone, used only by callers that built
+their arrays for it, never declines.
 """
 
 from __future__ import annotations
