@@ -117,7 +117,8 @@ class BlameDetector:
         by_root = np.argsort(who, kind="stable")
         victim, who = victim[by_root], who[by_root]
         heads = np.flatnonzero(run_heads(who)).tolist()
-        for a, b in zip(heads, heads[1:] + [len(who)], strict=True):
+        ends = heads[1:] + [len(who)] if heads else []  # no victim: no group
+        for a, b in zip(heads, ends, strict=True):
             w, mine = int(who[a]), victim[a:b]
             if w not in self.caused:
                 n = self.ctx.topo.n_procs
