@@ -38,11 +38,12 @@ class Steps:
 
     Each step's instances (records of one uid) are ordered by their end, and each
     record points at the instance its process's previous op belonged to in the
-    same step (`prev`). An instance's level is one more than the highest level of
-    the earlier instances it points at; a level depends only on lower ones, so
-    one vectorised pass per level replays every step of the batch. A record that
-    points at its own or a later instance reads no shift (that instance has not
-    been replayed when it is read).
+    same step (`prev`). The compiled replay (kernels.replay) takes the instances
+    one after the other in that order; without it, an instance's level is one more
+    than the highest level of the earlier instances it points at, a level depends
+    only on lower ones, and one vectorised pass per level replays every step of the
+    batch. Either way a record that points at its own or a later instance reads no
+    shift (that instance has not been replayed when it is read).
 
     Only the steps that a known culprit's delays touch are built and replayed
     (`plan`); once the batch's steps are accounted, all but the last few (the ones

@@ -118,7 +118,7 @@ class Preparer:
         self._stale_starts(r, by_slot)
         self._gaps(r)
         self._op_index(r, by_slot)
-        return Recs({k: narrow(getattr(r, k), t) for k, t in KEEP.items()})
+        return Recs({k: _narrow(getattr(r, k), t) for k, t in KEEP.items()})
 
     def _derive(self, r: Recs, ops: OpColumns) -> None:
         """Class, stage, cohort key, instance uid, symbol and slot of each record."""
@@ -305,7 +305,7 @@ class Preparer:
         return out_missing, out_late
 
 
-def narrow(a: np.ndarray, dtype: type | None) -> np.ndarray:
+def _narrow(a: np.ndarray, dtype: type | None) -> np.ndarray:
     """`a` in the type KEEP keeps it in (None: as it is; no copy when it already is)."""
     return a if dtype is None else a.astype(dtype, copy=False)
 
