@@ -37,7 +37,6 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from rankwatch.model import Run
-from rankwatch.store.load import insert_tuples
 
 MAX_ALL_PAIRS_HOSTS = 32  # above this, only ring + star pairs are used
 BUCKETS = 32
@@ -163,7 +162,9 @@ def _pair_filter(run: Run, hosts: list[str], ref: str) -> str:
 
 def _temp_table(run: Run, name: str, columns: list[str], rows: list[tuple]) -> None:
     run.con.execute(f"CREATE OR REPLACE TEMP TABLE {name} ({', '.join(columns)})")
-    insert_tuples(run.con, name, columns, rows)
+    if rows:
+        marks = ", ".join("?" for _ in columns)
+        run.con.executemany(f"INSERT INTO {name} VALUES ({marks})", [list(r) for r in rows])
 
 
 def _fit_lines(run: Run, width: float) -> dict[Pair, tuple[float, float, float, int]]:
@@ -339,7 +340,8 @@ def _save(run: Run, est: ClockEstimate) -> None:
         )
         for h in est.hosts
     ]
-    insert_tuples(run.con, "host_clock", HOST_CLOCK_COLUMNS.split(", "), rows)
+    if rows:
+        run.con.executemany(f"INSERT INTO host_clock VALUES ({', '.join('?' * 11)})", rows)
     run.tables["host_clock"] = "host_clock"
     run.meta["clock"] = est
 

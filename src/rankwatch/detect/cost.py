@@ -107,12 +107,15 @@ class Steps:
         # q numbers instances in the order they are replayed in: by position for the
         # compiled replay (one instance after the other), else by level, then position
         if self.compiled:
-            level = np.zeros(n, dtype=np.int64)
             q_of = np.arange(n)
         else:
             level = _levels(pos[back], prev_pos[back], n)  # per position
             q_of = np.empty(n, dtype=np.int64)
             q_of[stable_order(level, int(level.max()) + 1 if n else 1)] = np.arange(n)
+            # where each level's instances begin, in q order (the replay's passes)
+            self.levels = (
+                np.searchsorted(np.sort(level), np.arange(int(level.max()) + 2)) if n else []
+            )
         q = q_of[pos]
         order = stable_order(q, n)
         rec = keep[order]
@@ -125,10 +128,6 @@ class Steps:
         self.n = n
         self.starts = np.flatnonzero(run_heads(self.q))
         self.g_max = np.maximum.reduceat(self.g, self.starts) if n else np.zeros(0)
-        if not self.compiled:
-            self.levels = (
-                np.searchsorted(np.sort(level), np.arange(int(level.max()) + 2)) if n else []
-            )
         self.rec_seg = seg[order]
         self.seg_q = np.empty(n, dtype=np.int64)
         self.seg_q[self.q] = self.rec_seg

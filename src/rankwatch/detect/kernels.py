@@ -5,8 +5,9 @@ package: one pass in stream order with per-process or per-slot state, where the
 NumPy form needs a sort and a dozen passes over every record. The NumPy form
 stays the reference and the fallback: it runs where the library is missing (a
 source checkout never built), under RANKWATCH_NATIVE=0, and for a batch a
-kernel declines (records out of the order it needs: `UNORDERED`; an index out
-of range: `RANGE`, left to NumPy to raise). The tests run both and compare.
+kernel declines (records out of the order it needs: RWD_UNORDERED in
+native/rwdetect.h; an index out of range: RWD_RANGE, left to NumPy to raise).
+The tests run both and compare.
 
 Every function returns None when it declined or the library is absent, so the
 caller's fallback is one `if`; `replay` alone, used only by callers that built
@@ -23,7 +24,6 @@ import numpy as np
 from rankwatch import nativelib
 
 LIB_FILENAME = "librankwatch-rwdetect.so"
-UNORDERED, RANGE = -1, -2
 
 _I64 = np.int64
 _F64 = np.float64

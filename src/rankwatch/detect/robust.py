@@ -165,7 +165,9 @@ def cusum_lazy(
     return s, began_at
 
 
-def _cusum_arrays(step, group, carry, gstart, dense) -> tuple[np.ndarray, ...]:  # noqa: ANN001
+def _cusum_arrays(
+    step: np.ndarray, group: np.ndarray, carry: np.ndarray, gstart: np.ndarray, dense: bool
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """cusum_lazy's (S, S at 0, latest element at 0 so far) in NumPy: S_t = C_t -
     min(min C_k, -carry) from the within-group cumulative sum C, the groups kept
     apart by an offset of `big` per group in one running minimum."""

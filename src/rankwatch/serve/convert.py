@@ -22,7 +22,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from rankwatch import schema
+from rankwatch import nativelib, schema
 from rankwatch.serve.intake import Chunk, Source
 from rankwatch.store import load, tables
 from rankwatch.store.engine import EngineSettings, configure
@@ -283,7 +283,7 @@ def _count_lines(path: str) -> int:
 
 def _native_available() -> bool:
     """The store's native op-record reader, unless RANKWATCH_NATIVE=0 turns it off."""
-    if os.environ.get("RANKWATCH_NATIVE", "").strip() == "0":
+    if nativelib.disabled():
         return False
     try:
         from rankwatch.store import native

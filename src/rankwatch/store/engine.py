@@ -42,6 +42,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from rankwatch import nativelib
 from rankwatch.errors import ConfigError
 
 DEFAULT_MEMORY_LIMIT = "1GB"
@@ -69,7 +70,7 @@ class EngineSettings:
             memory_limit=None if limit.lower() == "none" else limit,
             spill_parent=env.get("RANKWATCH_SPILL_DIR") or None,
             threads=int(threads) if threads else None,
-            native=native not in ("0", "no", "off", "false"),
+            native=not nativelib.disabled(env),
         )
 
     def native_workers(self) -> int:
