@@ -134,12 +134,20 @@ def test_sampled_gpu_timing_records_every_op_and_times_some(tmp_path: Path) -> N
                      "--interval-sleep-us", "500", env=env)
     assert run.returncode == 0, run.stderr
     records = run.op_records()
-    # Then every op has a record, and about a fifth of them carry GPU times
-    assert recorded_colls(records) == issued_colls(run.summary)
+    period, window = 100_000_000, 20_000_000
+    # Then every op has a record, and about a fifth of them carry GPU times. An op
+    # enqueued as a window opens or closes can run with the channel events NCCL read
+    # from the mask before the plugin changed it: its record comes marked incomplete
+    # (no channels), so count every record, and only at a window's edge may one be so.
+    every = [dict(r, rankwatch=dict(r["rankwatch"], complete=True)) for r in records]
+    assert recorded_colls(every) == issued_colls(run.summary)
+    for r in records:
+        if not r["rankwatch"]["complete"]:
+            t = r["rankwatch"]["enqueue_start_ns"] % period
+            assert min(t, abs(t - window), period - t) < 2e6, r["rankwatch"]
     timed = [r for r in records if r["rankwatch"]["gpu_timed"]]
     assert 0.05 < len(timed) / len(records) < 0.5
     # and the GPU-timed ones fall inside the windows, aligned to wall-clock time
-    period, window = 100_000_000, 20_000_000
     in_window = [r for r in timed if r["rankwatch"]["enqueue_start_ns"] % period < window + 2e6]
     assert len(in_window) >= 0.9 * len(timed)
     stats = run.state_records("stats")[-1]
