@@ -359,6 +359,9 @@ FLOORS = {"precision": 0.99, "recall": 0.99, "culprit": 1.0, "cause": 0.95, "ons
 # the CUSUM takes longer.
 MAX_DELAY_STEPS = 2.0
 MAX_DELAY_MEDIAN_COLLECTIVES = 8.0
+# scenarios whose stragglers are all confirmed within 10 collectives of their onset (the
+# rest: the job's own noise stalled ops as badly and at the straggler's size before it)
+MIN_WITHIN_10_COLLECTIVES = 0.9
 MAX_LOW_SNR_DELAY_STEPS = 12.0
 MAX_HANG_DELAY_S = 2.0
 MAX_COST_ERROR = 0.35  # |what-if - true| / true, total over a scenario's stragglers
@@ -417,6 +420,7 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "onset": sum(r["onset_ok"] for r in rows) / tp if tp else 1.0,
         "delay_max_collectives": max(delays, default=0.0),
         "delay_median_collectives": float(np.median(delays)) if delays else 0.0,
+        "within_10_collectives": sum(d <= 10 for d in delays) / len(delays) if delays else 1.0,
         "delay_max_steps": max(steps, default=0.0),
         "low_snr_delay_max_steps": max(low, default=0.0),
         "cost_error_max": max((abs(c - t) / t for c, t in costs), default=0.0),
@@ -435,6 +439,11 @@ def failures(s: dict[str, Any]) -> list[str]:
         out.append(
             f"median detection delay {s['delay_median_collectives']} > "
             f"{MAX_DELAY_MEDIAN_COLLECTIVES} collectives"
+        )
+    if s["within_10_collectives"] < MIN_WITHIN_10_COLLECTIVES:
+        out.append(
+            f"stragglers confirmed within 10 collectives in {s['within_10_collectives']:.2f} "
+            f"of scenarios < {MIN_WITHIN_10_COLLECTIVES}"
         )
     if s["low_snr_delay_max_steps"] > MAX_LOW_SNR_DELAY_STEPS:
         out.append(
@@ -503,7 +512,8 @@ def table(rows: list[dict[str, Any]]) -> str:
         f"cause {s['cause']:.3f}  onset {s['onset']:.3f}\n"
         f"delay max {s['delay_max_collectives']:.0f} collectives / "
         f"{s['delay_max_steps']:.1f} steps "
-        f"(median {s['delay_median_collectives']:.0f} collectives; low SNR max "
+        f"(median {s['delay_median_collectives']:.0f} collectives, within 10 in "
+        f"{s['within_10_collectives']:.0%} of scenarios; low SNR max "
         f"{s['low_snr_delay_max_steps']:.1f} steps)  hang delay max {s['hang_delay_max_s']:.2f} s  "
         f"what-if cost error max {s['cost_error_max']:.0%}  healthy with findings "
         f"{s['healthy_with_findings']}\n"

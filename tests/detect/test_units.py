@@ -22,7 +22,7 @@ from rankwatch.detect.robust import (
     trailing_misses,
 )
 from rankwatch.detect.source import windows
-from rankwatch.detect.straggler import _inlier_ewma, _runs_at_hits
+from rankwatch.detect.straggler import CHANCE_BINS, _chance_pairs, _inlier_ewma, _runs_at_hits
 from rankwatch.detect.topology import FUNCS
 from rankwatch.simulate import SimConfig, SlowFault, simulate
 from rankwatch.store import ingest
@@ -224,6 +224,28 @@ def slow_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def _aligned(path: Path):
     run = ingest([path]).run()
     return run, align(run)
+
+
+def test_chance_pairs_count_ordered_pairs_of_late_ops_like_the_pair() -> None:
+    """_chance_pairs is the number of ordered pairs (a, b) of the late ops in the
+    histogram (self-pairs included) both at least the pair's smaller bin and at most
+    |b1 - b2| + 1 bins apart: enumerated here one late op at a time."""
+    rng = np.random.default_rng(7)
+    for _ in range(200):
+        hist = np.zeros(CHANCE_BINS, dtype=np.int64)
+        bins = rng.integers(0, CHANCE_BINS, int(rng.integers(0, 40)))
+        np.add.at(hist, bins, rng.integers(1, 4, len(bins)))
+        b1, b2 = (int(x) for x in rng.integers(0, CHANCE_BINS, 2))
+        lo, apart = min(b1, b2), abs(b1 - b2) + 1
+        late = np.repeat(np.arange(CHANCE_BINS), hist)
+        late = late[late >= lo]
+        want = int(np.sum(np.abs(late[:, None] - late[None, :]) <= apart))
+        got = _chance_pairs(hist, b1, b2)
+        assert got == (want if len(late) else 1.0), (b1, b2)
+    # with no condition on how alike they are, B^2 (the rule before the banding)
+    hist = np.zeros(CHANCE_BINS, dtype=np.int64)
+    hist[[10, 30, 60, 90]] = [3, 2, 4, 1]
+    assert _chance_pairs(hist, 0, CHANCE_BINS - 2) == 10**2
 
 
 def test_findings_have_every_field_and_are_plain_data(slow_run: Path) -> None:

@@ -44,12 +44,14 @@ class Config:
     # ops) that fire; 3 keeps rare outliers (a slow kernel now and then, ~1e-3 per op)
     # from ever lining up, even over 1,000 ranks and days of steps
     persist: int = 3
-    # ... but two suffice when chance is an unlikely explanation: with N ops of that
-    # kind judged before and B late ones (each beginning a run at its slot) at least
-    # as late as the smaller of the two, about N (B/N)^2 such pairs are expected by
-    # chance; two fire while (B + 1)^2 <= chance_runs N (0: always `persist`).
-    # Noise that stalls ops now and then as badly keeps three; a clean job, or a
-    # delay larger than all but a few seen, fires at two.
+    # ... but two suffice when chance is an unlikely explanation: from the N ops of
+    # that kind judged before and their late ones (each beginning a run at its slot),
+    # the pairs expected by chance of two late ops in a row at least as late as the
+    # smaller of the two and as alike in size (at most their own difference plus an
+    # eighth of an octave apart; straggler._chance_pairs); two fire while that is at
+    # most chance_runs (0: always `persist`). Noise that stalls ops now and then as
+    # badly and at similar sizes keeps three; a clean job, or a delay unlike all but
+    # a few stalls seen, fires at two.
     chance_runs: float = 0.002
     persist_ops: int = 6  # consecutive late ops of one rank (a delay on every op) that fire
     pair_persist: int = 6  # the same for cohorts of two ranks (see straggler.py)

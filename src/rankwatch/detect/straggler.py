@@ -16,10 +16,10 @@ finding is a change from that baseline.
 
 Persistence, per (rank, slot), i.e. the same op in consecutive steps:
   runs    `persist` consecutive hits (residual above max(z_hit sigma, hit_ns,
-          rel_hit x median segment)), or two when that many in a row are
-          unlikely by chance: no more than a few earlier late ops of the kind
-          were as late (`chance_runs`; a clean job, or a delay beyond the
-          job's usual stalls, is confirmed a step sooner);
+          rel_hit x median segment)), or two when two in a row like them are
+          unlikely by chance: few pairs of the kind's earlier late ops were as
+          late and as alike in size (`chance_runs`; a clean job, or a delay
+          unlike the job's usual stalls, is confirmed a step sooner);
   CUSUM   S = max(0, S + min(z, z_clip) - cusum_k) >= cusum_h, for delays
           below the hit threshold that persist (heavy noise);
 and per rank, `persist_ops` consecutive hits over its ops (a delay on every op).
@@ -300,6 +300,24 @@ def _chance_bin(z: np.ndarray) -> np.ndarray:
     return np.minimum(b, CHANCE_BINS - 1).astype(np.int64)
 
 
+def _chance_pairs(hist: np.ndarray, b1: int, b2: int) -> float:
+    """N times the chance that two late ops in a row at one slot look like this pair
+    (bins b1 then b2 of _chance_bin): both at least min(b1, b2) and at most
+    |b1 - b2| + 1 bins apart, from `hist`, the late ops that began a run by bin (the
+    pair's first counted in it). Without the `apart` condition this is B^2 with B the
+    late ops at least as late as the smaller of the two: noise stalls of every size
+    make such pairs often, but two of nearly the same size (what a delay added every
+    step makes) only as often as stalls of that size are common."""
+    lo, apart = min(b1, b2), abs(b1 - b2) + 1
+    h = hist[lo:].astype(np.float64)
+    if not h.any():
+        return 1.0
+    at = np.arange(len(h))
+    c = np.r_[0.0, np.cumsum(h)]  # near: late ops within `apart` bins of each bin
+    near = c[np.minimum(at + apart + 1, len(h))] - c[np.maximum(at - apart, 0)]
+    return float(np.dot(h, near))
+
+
 def _fired_rows(
     onsets: np.ndarray, how: np.ndarray | float, chance: np.ndarray | float
 ) -> np.ndarray:
@@ -322,7 +340,7 @@ def _confirmed_by(how: float, chance: float, pair: bool, config: Config) -> dict
         out["chance_pairs_expected"] = round(float(chance), 5)
         out["note"] = (
             "two sufficed: so few of the job's earlier late ops of this kind were as late "
-            "that two in a row by chance are unlikely"
+            "and as alike in size that two in a row like them by chance are unlikely"
         )
     return out
 
@@ -673,7 +691,7 @@ class StragglerDetector:
             # the run's first late op: the one before, or the last of the previous batch
             i = fired[two]
             z1 = np.where(gstart[i] < i, z[order[np.maximum(i - 1, 0)]], g_last_z[uniq[grp[i]]])
-            few, chance[two] = self._few_chance(r, order, heads, z, i, np.fmin(z1, z[order[i]]))
+            few, chance[two] = self._few_chance(r, order, heads, z, i, z1, z[order[i]])
             need[two] = np.where(few, 2, cfg.persist)
         self._count_chance(r, order, heads, z)
         g_last_z[uniq] = np.where(run[last] > 0, z[order[last]], 0.0)
@@ -696,17 +714,18 @@ class StragglerDetector:
         heads: np.ndarray,
         z: np.ndarray,
         at: np.ndarray,
-        least: np.ndarray,
+        z1: np.ndarray,
+        z2: np.ndarray,
     ) -> tuple[np.ndarray, np.ndarray]:
         """Whether two late steps in a row at the slot of each record order[at] (the
-        second; `least` the smaller z of the two) are unlikely to be chance, by the
-        ops of its kind before its cohort: N judged, and B late ops that began a run
-        at their slot, at least as late as `least` (in CHANCE_BINS), this pair's
-        first not counted. Two such late ops in a row by chance are expected about
-        N (B / N)^2 times; while (B + 1)^2 <= chance_runs N they are unlikely
-        (Config). Counted per kind in sequence order, earlier batches' records
-        carried, so the answer does not depend on how the stream was cut. Also returns
-        (B + 1)^2 / N, the chance pairs expected."""
+        second, of z z2; the first of z z1) are unlikely to be chance, by the ops of
+        its kind before its cohort: N judged, and the late ops that began a run at
+        their slot by how late (CHANCE_BINS), this pair's first among them. Two late
+        ops in a row by chance at least as late as the smaller of the two and as
+        alike in size are expected _chance_pairs / N times; while that is at most
+        chance_runs they are unlikely (Config). Counted per kind in sequence order,
+        earlier batches' records carried, so the answer does not depend on how the
+        stream was cut. Also returns the chance pairs expected."""
         # a collective's cohort key is its kind's code above SEQ_BITS and its seq below
         # (prepare.cohort_keys): the records of a kind before a cohort are a key range
         key = r.key[order]
@@ -715,18 +734,17 @@ class StragglerDetector:
         h_idx = h_idx[np.argsort(key[h_idx], kind="stable")]
         h_key, h_bin = key[h_idx], _chance_bin(z[order[h_idx]])
         kind = self._kinds(r.sym[order[at]].astype(np.int64))
-        bins = _chance_bin(least)
+        b1s, b2s = _chance_bin(z1).tolist(), _chance_bin(z2).tolist()
         out = np.zeros(len(at), dtype=bool)
         expect = np.full(len(at), np.inf)
-        for j, (i, b) in enumerate(zip(at.tolist(), bins.tolist(), strict=True)):
+        for j, i in enumerate(at.tolist()):
             c, k = int(kind[j]), int(key[i])
             lo = (k >> SEQ_BITS) << SEQ_BITS
             n = int(self.kind_n[c]) + int(np.searchsorted(k_all, k) - np.searchsorted(k_all, lo))
             a, e = np.searchsorted(h_key, lo), np.searchsorted(h_key, k)
-            big = int(self.kind_hist[c, b:].sum()) + int(np.count_nonzero(h_bin[a:e] >= b))
-            others = max(big - 1, 0)  # the pair's first late op began its run
-            out[j] = (others + 1.0) ** 2 <= self.ctx.config.chance_runs * n
-            expect[j] = (others + 1.0) ** 2 / max(n, 1)
+            hist = self.kind_hist[c] + np.bincount(h_bin[a:e], minlength=CHANCE_BINS)
+            expect[j] = _chance_pairs(hist, b1s[j], b2s[j]) / max(n, 1)
+            out[j] = expect[j] <= self.ctx.config.chance_runs
         return out, expect
 
     def _kinds(self, sym: np.ndarray) -> np.ndarray:
