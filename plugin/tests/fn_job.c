@@ -70,11 +70,16 @@ int fn_scen_job(void) {
   int nops = (int)(sizeof step_ops / sizeof step_ops[0]);
   for (int step = 0; step < g_opt.steps; step++) {
     if (step == g_opt.hang_at_step) job_hang(&c, step);
+    /* compute, then its collective; the step ends with the last one: the optimizer
+     * step waits for the gradients, so every rank starts the next step together
+     * (the last rank to launch the step's last op is the last to leave the sync, so
+     * compute after it would keep that rank last by a whole compute interval, step
+     * after step, a pattern no training loop has) */
     for (int i = 0; i < nops; i++) {
-      job_op(&c, step, i, false);
       fn_sleep_ns(g_opt.interval_sleep_us * 1000);
+      job_op(&c, step, i, false);
     }
-    fn_comm_sync(&c); /* the optimizer step waits for the gradients */
+    fn_comm_sync(&c);
   }
   fn_comm_finalize(&c);
   return 0;

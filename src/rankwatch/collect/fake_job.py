@@ -16,6 +16,16 @@ from pathlib import Path
 from rankwatch.collect.plugin import driver_path, plugin_path
 from rankwatch.errors import RankwatchError
 
+# The collectives of one step of the driver's job scenario, in order (plugin/tests/
+# fn_job.c, step_ops): an op's step is its seq over its function's count here.
+STEP_OPS = ("AllGather", "AllReduce", "ReduceScatter", "AllReduce")
+
+
+def step_of(func: str, seq: int) -> int | None:
+    """The step of the job scenario's op `func` #seq (None for another function)."""
+    per_step = STEP_OPS.count(func)
+    return seq // per_step if per_step else None
+
 
 @dataclass(frozen=True)
 class Straggler:
