@@ -129,7 +129,7 @@ def run_suite(scenarios: list[Scenario], workdir: Path, label: str) -> dict:
         )
     print("\n" + table(rows) + "\n")
     s = summary(rows)
-    return {"rows": rows, "summary": s, "failures": failures(s)}
+    return {"rows": rows, "summary": s, "failures": failures(s, suite=label == "suite")}
 
 
 # ----------------------------------------------------------------- false alarms

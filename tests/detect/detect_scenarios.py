@@ -431,16 +431,19 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def failures(s: dict[str, Any]) -> list[str]:
+def failures(s: dict[str, Any], suite: bool = True) -> list[str]:
+    """The floors s falls below. The two on collectives (median, share within 10) are
+    the suite's: at 256 and 1,024 ranks the noise stalls of so many ranks make two
+    late steps in a row plausible by chance more often (bench/RESULTS.md section 5)."""
     out = [f"{k} {s[k]:.3f} < {v}" for k, v in FLOORS.items() if s[k] < v]
     if s["delay_max_steps"] > MAX_DELAY_STEPS:
         out.append(f"detection delay {s['delay_max_steps']} > {MAX_DELAY_STEPS} steps")
-    if s["delay_median_collectives"] > MAX_DELAY_MEDIAN_COLLECTIVES:
+    if suite and s["delay_median_collectives"] > MAX_DELAY_MEDIAN_COLLECTIVES:
         out.append(
             f"median detection delay {s['delay_median_collectives']} > "
             f"{MAX_DELAY_MEDIAN_COLLECTIVES} collectives"
         )
-    if s["within_10_collectives"] < MIN_WITHIN_10_COLLECTIVES:
+    if suite and s["within_10_collectives"] < MIN_WITHIN_10_COLLECTIVES:
         out.append(
             f"stragglers confirmed within 10 collectives in {s['within_10_collectives']:.2f} "
             f"of scenarios < {MIN_WITHIN_10_COLLECTIVES}"

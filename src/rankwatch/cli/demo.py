@@ -14,6 +14,10 @@ import click
 
 from rankwatch.collect.fake_job import FakeJob, Straggler, run_fake_job, step_of
 
+# an onset this many steps from the injected one is that one (a late op just before it,
+# or a confirmation that begins its run a step later)
+ONSET_SLACK_STEPS = 2
+
 
 @click.command(name="demo")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path),
@@ -63,20 +67,50 @@ def _steps(f: dict[str, Any]) -> tuple[int | None, int | None]:
 
 
 def _matching(s: Straggler, findings: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """The finding of the injected straggler: its rank and cause; for a slow transfer
-    also the communicator's finding without a rank (see verdict)."""
-    for f in findings:
-        if f.get("kind") != "straggler" or f.get("cause") != s.cause:
-            continue
-        if f.get("rank") == s.rank or (s.cause == "transfer" and f.get("rank") is None):
-            return f
+    """The finding of the injected straggler: a straggler finding of its rank (any
+    cause: a wrong cause is still the rank found), else, for a slow transfer, the
+    communicator's finding without a rank (see verdict)."""
+    slow = [f for f in findings if f.get("kind") == "straggler"]
+    mine = [f for f in slow if f.get("rank") == s.rank]
+    mine.sort(key=lambda f: f.get("cause") != s.cause)  # the right cause first
+    if mine:
+        return mine[0]
+    if s.cause == "transfer":
+        return next((f for f in slow if f.get("rank") is None and f.get("cause") == s.cause),
+                    None)  # fmt: skip
     return None
+
+
+def _found_line(s: Straggler, hit: dict[str, Any]) -> list[str]:
+    """What was found of the injected straggler, and where it differs from what was
+    injected (cause, onset)."""
+    start, end = _steps(hit)
+    when = f"since step {start}" if start is not None else "onset unknown"
+    confirmed = f", confirmed at step {end}" if end is not None else ""
+    cost = f"; it cost the job {hit['cost_s']:.3f} s" if hit.get("cost_s") is not None else ""
+    who = f"rank {s.rank}" if hit.get("rank") is not None else "the communicator"
+    lines = [f"  found:    {who}, cause {hit.get('cause')}, {when}{confirmed}{cost}"]
+    if hit.get("cause") != s.cause:
+        lines.append(f"            the cause differs: {s.cause} was injected")
+    off = start - s.from_step if start is not None else 0
+    if off < -ONSET_SLACK_STEPS:
+        lines.append(
+            f"            the onset is {-off} steps early: the rank was already late then, "
+            "by delays nobody injected"
+        )
+    elif off > ONSET_SLACK_STEPS:
+        lines.append(f"            the onset is {off} steps after the injected one")
+    if hit.get("rank") is None:
+        lines.append(
+            "            (one communicator cannot tell whose link is slow: every op\n"
+            "            involves every rank; jobs with several communicators can)"
+        )
+    return lines
 
 
 def verdict(injected: Straggler, findings: list[dict[str, Any]]) -> list[str]:
     """What the demo injected against what was found, in plain words: the injected
-    straggler (rank and cause right) and any finding nobody injected, which on the
-    fake driver can only be a delay the machine itself caused."""
+    straggler (its rank; cause and onset compared) and any finding nobody injected."""
     s = injected
     lines = [
         "What the demo injected, and what rankwatch found:",
@@ -87,17 +121,7 @@ def verdict(injected: Straggler, findings: list[dict[str, Any]]) -> list[str]:
     if hit is None:
         lines.append("  found:    nothing matching it (see the findings above)")
     else:
-        start, end = _steps(hit)
-        when = f"since step {start}" if start is not None else "onset unknown"
-        confirmed = f", confirmed at step {end}" if end is not None else ""
-        cost = f"; it cost the job {hit['cost_s']:.3f} s" if hit.get("cost_s") is not None else ""
-        who = f"rank {s.rank}" if hit.get("rank") is not None else "the communicator"
-        lines.append(f"  found:    {who}, cause {s.cause}, {when}{confirmed}{cost}")
-        if hit.get("rank") is None:
-            lines.append(
-                "            (one communicator cannot tell whose link is slow: every op\n"
-                "            involves every rank; jobs with several communicators can)"
-            )
+        lines += _found_line(s, hit)
     others = [f for f in findings if f is not hit]
     for f in others:
         who = f"rank {f['rank']}" if f.get("rank") is not None else "a communicator"
@@ -106,8 +130,8 @@ def verdict(injected: Straggler, findings: list[dict[str, Any]]) -> list[str]:
         lines.append(f"  also:     {f['kind']} {who}{cause}{cost}: not injected")
     if others:
         lines.append(
-            "            The fake ranks only sleep between ops: on them, delays nobody injected\n"
-            "            come from the machine itself (the operating system waking a rank late,\n"
-            "            common on small shared machines); the report shows the evidence."
+            "            The fake ranks only sleep between ops, so delays nobody injected\n"
+            "            come from the host: its scheduler waking a rank late, common when\n"
+            "            the ranks share few CPU cores; the report shows the evidence."
         )
     return lines

@@ -51,7 +51,9 @@ class Config:
     # eighth of an octave apart; straggler._chance_pairs); two fire while that is at
     # most chance_runs (0: always `persist`). Noise that stalls ops now and then as
     # badly and at similar sizes keeps three; a clean job, or a delay unlike all but
-    # a few stalls seen, fires at two.
+    # a few stalls seen, fires at two. Not a strict bound on false confirmations: the
+    # rule takes both how late and how alike from the pair itself (a look-elsewhere
+    # effect); healthy heavy-noise jobs measure it (bench/RESULTS.md section 5).
     chance_runs: float = 0.002
     persist_ops: int = 6  # consecutive late ops of one rank (a delay on every op) that fire
     pair_persist: int = 6  # the same for cohorts of two ranks (see straggler.py)

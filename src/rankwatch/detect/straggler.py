@@ -301,13 +301,15 @@ def _chance_bin(z: np.ndarray) -> np.ndarray:
 
 
 def _chance_pairs(hist: np.ndarray, b1: int, b2: int) -> float:
-    """N times the chance that two late ops in a row at one slot look like this pair
-    (bins b1 then b2 of _chance_bin): both at least min(b1, b2) and at most
-    |b1 - b2| + 1 bins apart, from `hist`, the late ops that began a run by bin (the
-    pair's first counted in it). Without the `apart` condition this is B^2 with B the
-    late ops at least as late as the smaller of the two: noise stalls of every size
-    make such pairs often, but two of nearly the same size (what a delay added every
-    step makes) only as often as stalls of that size are common."""
+    """The ordered pairs of late ops in `hist` (late ops that began a run at their
+    slot, by bin of _chance_bin, the pair's first among them) like the pair of bins b1
+    then b2: both at least min(b1, b2) and at most |b1 - b2| + 1 bins apart. Over N
+    ops that is N^2 times the chance that two ops in a row are such a pair, so / N the
+    pairs expected by chance. Without the `apart` condition it is (B + 1)^2, B the
+    earlier late ops at least as late as the smaller of the two (the rule before):
+    noise stalls of every size make such pairs often, but two of nearly the same size
+    (what a delay added every step makes) only as often as stalls of that size are
+    common."""
     lo, apart = min(b1, b2), abs(b1 - b2) + 1
     h = hist[lo:].astype(np.float64)
     if not h.any():
