@@ -11,7 +11,13 @@ import pytest
 
 from rankwatch.align import align
 from rankwatch.detect import DETECTORS, Stream, Topology, detect
-from rankwatch.detect.period import SlotMap, enough_to_learn, find_period, learn_periods
+from rankwatch.detect.period import (
+    LearnTally,
+    SlotMap,
+    enough_to_learn,
+    find_period,
+    learn_periods,
+)
 from rankwatch.detect.records import Recs
 from rankwatch.detect.robust import (
     cusum,
@@ -167,6 +173,27 @@ def test_a_kind_few_processes_use_is_learned_from_them() -> None:
     assert enough_to_learn(both, np.array([40, 41]))
     short = late.take(np.flatnonzero(late.arrival_c < 5e7 + 200 * 1e5))  # 200 ops each
     assert not enough_to_learn(Recs.concat([dp, short]), np.array([40]))
+
+
+def test_the_learn_tally_answers_as_enough_to_learn_batch_by_batch() -> None:
+    """Records arriving in batches (kinds some processes use, processes with few and
+    many ops): after each batch the tally agrees with enough_to_learn over all
+    records so far, for several sets of kinds, the empty one included."""
+    rng = np.random.default_rng(3)
+    for _ in range(20):
+        n_procs = int(rng.integers(2, 40))
+        tally, seen = LearnTally(n_procs), []
+        for _ in range(int(rng.integers(1, 12))):
+            n = int(rng.integers(0, 400))
+            proc = rng.integers(0, n_procs, n)
+            sym = rng.integers(0, 6, n) + 10 * (proc % 3)  # kinds per process group
+            part = Recs({"proc": proc.astype(np.int32), "sym": sym})
+            seen.append(part)
+            tally.add(part)
+            allr = Recs.concat(seen)
+            for syms in ([], [10], [10, 21], [0, 1, 2, 25], [99]):
+                want = enough_to_learn(allr, np.array(syms, dtype=np.int64))
+                assert tally.enough(np.array(syms, dtype=np.int64)) == want, (syms, len(allr))
 
 
 def _ewma_loop(x, seg, init, alpha, floor=None):

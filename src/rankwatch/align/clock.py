@@ -37,6 +37,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from rankwatch.model import Run
+from rankwatch.store.load import insert_tuples
 
 MAX_ALL_PAIRS_HOSTS = 32  # above this, only ring + star pairs are used
 BUCKETS = 32
@@ -162,9 +163,7 @@ def _pair_filter(run: Run, hosts: list[str], ref: str) -> str:
 
 def _temp_table(run: Run, name: str, columns: list[str], rows: list[tuple]) -> None:
     run.con.execute(f"CREATE OR REPLACE TEMP TABLE {name} ({', '.join(columns)})")
-    if rows:
-        marks = ", ".join("?" for _ in columns)
-        run.con.executemany(f"INSERT INTO {name} VALUES ({marks})", [list(r) for r in rows])
+    insert_tuples(run.con, name, columns, rows)
 
 
 def _fit_lines(run: Run, width: float) -> dict[Pair, tuple[float, float, float, int]]:
@@ -340,8 +339,7 @@ def _save(run: Run, est: ClockEstimate) -> None:
         )
         for h in est.hosts
     ]
-    if rows:
-        run.con.executemany(f"INSERT INTO host_clock VALUES ({', '.join('?' * 11)})", rows)
+    insert_tuples(run.con, "host_clock", HOST_CLOCK_COLUMNS.split(", "), rows)
     run.tables["host_clock"] = "host_clock"
     run.meta["clock"] = est
 

@@ -28,7 +28,7 @@ from rankwatch.detect.columns import OpColumns, ProgressColumns
 from rankwatch.detect.cost import CostDetector
 from rankwatch.detect.desync import DesyncDetector
 from rankwatch.detect.hang import HangDetector
-from rankwatch.detect.period import SlotMap, enough_to_learn, learn_periods
+from rankwatch.detect.period import LearnTally, SlotMap, learn_periods
 from rankwatch.detect.prepare import Preparer
 from rankwatch.detect.records import Recs
 from rankwatch.detect.robust import nanmax, nanmin
@@ -76,6 +76,8 @@ class Stream:
         self.held: list[Recs] = []  # records of op kinds whose period is not learned yet
         self.learn_buf: list[Recs] = []  # op sequences of the processes that use them
         self.learn_rows = 0
+        self.tally = LearnTally(topology.n_procs)  # what learn_buf has, kept as it grows
+        self.held_syms = np.zeros(0, dtype=np.int64)  # the kinds of the held records
         self.learning = np.zeros(topology.n_procs, dtype=bool)
         self.hold_since = -np.inf
         self.learned = False
@@ -139,9 +141,12 @@ class Stream:
                     self.hold_since = self.now
                 self.learning[np.unique(recs.proc[unknown])] = True
                 self.held.append(recs.take(np.flatnonzero(unknown)))
+                self.held_syms = np.union1d(self.held_syms, recs.sym[unknown])
             if self.held:  # the full op sequences of the processes learned from
                 mine = self.learning[recs.proc]
-                self.learn_buf.append(Recs({c: getattr(recs, c)[mine] for c in LEARN_COLUMNS}))
+                part = Recs({c: getattr(recs, c)[mine] for c in LEARN_COLUMNS})
+                self.learn_buf.append(part)
+                self.tally.add(part)
                 self.learn_rows += int(mine.sum())
         if not self.held or not (final or self._enough()):
             return passed if passed is not None and len(passed) else None
@@ -151,6 +156,8 @@ class Stream:
         self.ctx.slots.add({int(s): periods.get(int(s), 1) for s in syms.tolist()})
         self.learned = True
         self.held, self.learn_buf, self.learn_rows = [], [], 0
+        self.tally = LearnTally(self.topo.n_procs)
+        self.held_syms = np.zeros(0, dtype=np.int64)
         self.learning[:] = False
         out = Recs.concat([held, passed]) if passed is not None else held
         return out if len(out) else None
@@ -158,8 +165,7 @@ class Stream:
     def _enough(self) -> bool:
         if self.now - self.hold_since > LEARN_HOLD_NS or self.learn_rows > LEARN_MAX_ROWS:
             return True
-        held_syms = np.unique(np.concatenate([h.sym for h in self.held]))
-        return enough_to_learn(Recs.concat(self.learn_buf), held_syms)
+        return self.tally.enough(self.held_syms)
 
     def _slotted(self, cohorts):
         if cohorts is not None:

@@ -183,15 +183,19 @@ class HangDetector:
         waits = self._waits()
         roots: dict[int, list] = {}
         stuck_procs = {int(p) for p in self.slot_proc[stuck] if p >= 0}
+        followed: set[int] = set()
         for proc in sorted(stuck_procs & set(waits)):
-            self._follow(proc, waits, roots)
+            self._follow(proc, waits, roots, followed)
         found: dict[tuple, dict] = {}
+        blocked = {id(w[3]): set(w[3]) for w in waits.values()}  # lists shared per op
+        since: dict[int, float] = {}
         for b, chain in roots.items():
             # where the root is missing first: the blocked op its peers reached earliest
-            cands = [w for w in waits.values() if b in w[3]]
-            comm, func, seq, _, slots, state, s = min(
-                cands, key=lambda w: self._since(w[4], w[5], w[6])
-            )
+            cands = [w for w in waits.values() if b in blocked[id(w[3])]]
+            for w in cands:
+                if w[6] not in since:
+                    since[w[6]] = self._since(w[4], w[5], w[6])
+            comm, func, seq, _, slots, state, s = min(cands, key=lambda w: since[w[6]])
             k = np.flatnonzero(self.slot_proc[slots] == b)
             cls = str(state[k[0]]) if len(k) else "not_enqueued"
             found[("rank", b)] = self._hang(b, cls, comm, func, seq, slots, state, s, chain, final)
@@ -222,11 +226,13 @@ class HangDetector:
                 peer = int(self.if_peer[s])
                 keep = [peer] if 0 <= peer < len(slots) else []
                 slots, state = slots[keep], state[keep]
-            else:
+                blockers = self.slot_proc[slots[_blockers(state)]].tolist()
+            else:  # one classification per collective: its ranks all wait on the same
                 if (comm, func, seq) not in cache:
-                    cache[(comm, func, seq)] = self._classify(comm, func, seq)
-                slots, state = cache[(comm, func, seq)]
-            blockers = [int(self.slot_proc[slots[k]]) for k in _blockers(state)]
+                    slots, state = self._classify(comm, func, seq)
+                    blockers = self.slot_proc[slots[_blockers(state)]].tolist()
+                    cache[(comm, func, seq)] = (slots, state, blockers)
+                slots, state, blockers = cache[(comm, func, seq)]
             waits[proc] = (comm, func, seq, blockers, slots, state, s)
         return waits
 
@@ -242,17 +248,19 @@ class HangDetector:
         self.hangs = found
 
     def _since(self, slots: np.ndarray, state: np.ndarray, s: int) -> float:
-        waiting = [
-            k
-            for k in range(len(slots))
-            if state[k] in ("enqueued_not_started", "started_not_finished")
-        ]
-        arr = self.if_arrival[slots[waiting]] if waiting else np.array([self.if_arrival[s]])
+        waiting = _waiting(state)
+        arr = self.if_arrival[slots[waiting]] if len(waiting) else np.array([self.if_arrival[s]])
         return float(np.nanmin(arr)) if np.isfinite(arr).any() else np.inf
 
-    def _follow(self, start: int, waits: dict, roots: dict) -> None:
-        """Follow wait-for edges from a stuck process to the root it waits on."""
-        chain, seen, node = [], {start}, start
+    def _follow(self, start: int, waits: dict, roots: dict, followed: set[int]) -> None:
+        """Follow wait-for edges from a stuck process to the root it waits on. A
+        process's path is one (its smallest blocker, on and on), so one `followed`
+        from an earlier start leads where that start went: no root to add (a root
+        keeps the chain of the first start that reached it)."""
+        if start in followed:
+            return
+        chain, node = [], start
+        followed.add(start)
         topo = self.ctx.topo
         while True:
             comm, func, seq, blockers, *_ = waits[node]
@@ -271,19 +279,16 @@ class HangDetector:
             if b == node or b not in waits:
                 roots.setdefault(b, chain)
                 return
-            if b in seen:
+            if b in followed:
                 return
-            seen.add(b)
+            followed.add(b)
             node = b
 
     def _hang(self, proc, cls, comm, func, seq, slots, state, s, chain, final) -> dict:
-        waiting = [
-            k
-            for k in range(len(slots))
-            if state[k] in ("enqueued_not_started", "started_not_finished")
-        ]
-        arrivals = self.if_arrival[slots[waiting]] if waiting else np.array([self.if_arrival[s]])
-        shown = self.first_seen[slots[waiting]] if waiting else np.array([self.first_seen[s]])
+        waiting = _waiting(state)
+        some = len(waiting) > 0
+        arrivals = self.if_arrival[slots[waiting]] if some else np.array([self.if_arrival[s]])
+        shown = self.first_seen[slots[waiting]] if some else np.array([self.first_seen[s]])
         counts = {
             str(v): int(n)
             for v, n in zip(*np.unique(state.astype(str), return_counts=True), strict=True)
@@ -350,14 +355,19 @@ class HangDetector:
         return out
 
 
-def _blockers(state: np.ndarray) -> list[int]:
+def _blockers(state: np.ndarray) -> np.ndarray:
     """Positions the others wait on: ranks that never enqueued, else ranks whose GPU
     never started."""
     for cls in ("not_enqueued", "no_records", "enqueued_not_started"):
-        hit = [k for k in range(len(state)) if state[k] == cls]
-        if hit:
+        hit = np.flatnonzero(state == cls)
+        if len(hit):
             return hit
-    return []
+    return np.zeros(0, dtype=np.int64)
+
+
+def _waiting(state: np.ndarray) -> np.ndarray:
+    """Positions of the ranks inside the op: enqueued, not finished."""
+    return np.flatnonzero((state == "enqueued_not_started") | (state == "started_not_finished"))
 
 
 def _longest(ages: np.ndarray, default: float) -> float:

@@ -101,6 +101,48 @@ def enough_to_learn(r: Recs, syms: np.ndarray | None = None) -> bool:
     return bool(np.all(ops[kth] >= 256))
 
 
+class LearnTally:
+    """enough_to_learn over records added batch by batch, without going over the
+    earlier ones again: ops per process, and which processes have ops of each kind.
+    Same answer as enough_to_learn(all records so far, syms)."""
+
+    def __init__(self, n_procs: int) -> None:
+        self.ops = np.zeros(n_procs, dtype=np.int64)
+        self.kind_of: dict[int, int] = {}  # sym -> row of `uses`
+        self.uses = np.zeros((0, n_procs), dtype=bool)  # [kind, proc]: has ops of it
+
+    def add(self, r: Recs) -> None:
+        if not len(r):
+            return
+        proc = r.proc.astype(np.int64)
+        top = int(proc.max()) + 1
+        if top > len(self.ops):  # a process the topology did not have (live growth)
+            self.ops = np.r_[self.ops, np.zeros(top - len(self.ops), np.int64)]
+            self.uses = np.c_[self.uses, np.zeros((len(self.uses), top - self.uses.shape[1]), bool)]
+        self.ops += np.bincount(proc, minlength=len(self.ops))
+        n_p = len(self.ops)
+        pairs = np.unique(r.sym.astype(np.int64) * n_p + proc)
+        sym, p = pairs // n_p, pairs % n_p
+        new = [x for x in np.unique(sym).tolist() if x not in self.kind_of]
+        for x in new:
+            self.kind_of[x] = len(self.kind_of)
+        if new:
+            self.uses = np.r_[self.uses, np.zeros((len(new), n_p), dtype=bool)]
+        rows = np.array([self.kind_of[x] for x in sym.tolist()], dtype=np.int64)
+        self.uses[rows, p] = True
+
+    def enough(self, syms: np.ndarray) -> bool:
+        """Each kind in syms has ops here, and its SAMPLE_PROCS processes with the
+        most ops (all of them, if fewer) have at least 256 ops each."""
+        rows = [self.kind_of.get(int(x), -1) for x in np.asarray(syms).tolist()]
+        if not rows or min(rows) < 0:
+            return not rows and bool(self.ops.any())
+        uses = self.uses[rows]
+        n = uses.sum(axis=1)
+        good = (uses & (self.ops >= 256)).sum(axis=1)
+        return bool(np.all(good >= np.minimum(SAMPLE_PROCS, n)))
+
+
 class SlotMap:
     """Dense slot codes: slot = offset[sym] + seq mod P[sym]; grows for unseen kinds."""
 

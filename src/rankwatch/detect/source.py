@@ -16,6 +16,7 @@ from rankwatch.detect.columns import NF, REASONS, STATES, OpColumns, ProgressCol
 from rankwatch.detect.robust import nanmax
 from rankwatch.detect.topology import COLL_FUNCS, Topology, func_case_sql
 from rankwatch.model import Run
+from rankwatch.store.load import insert_tuples
 
 BATCH = 65536
 TAIL_WINDOW_NS = 250e6  # progress-only windows after the last op
@@ -29,15 +30,14 @@ def _register(run: Run, topo: Topology) -> None:
     )
     first = topo.proc_of_key  # (host, pid): the process's first rank
     procs = [
-        [p.world_rank, p.host, p.pid, first[(p.host, p.pid)] == i, i]
+        (p.world_rank, p.host, p.pid, first[(p.host, p.pid)] == i, i)
         for i, p in enumerate(topo.procs)
     ]
-    if procs:
-        con.executemany("INSERT INTO rw_det_procs VALUES (?, ?, ?, ?, ?)", procs)
+    insert_tuples(con, "rw_det_procs", ["world_rank", "host", "pid", "first_of_process", "proc"],
+                  procs)  # fmt: skip
     con.execute("CREATE OR REPLACE TEMP TABLE rw_det_comms (comm_key VARCHAR, comm BIGINT)")
-    comms = [[c.key, i] for i, c in enumerate(topo.comms)]
-    if comms:
-        con.executemany("INSERT INTO rw_det_comms VALUES (?, ?)", comms)
+    comms = [(c.key, i) for i, c in enumerate(topo.comms)]
+    insert_tuples(con, "rw_det_comms", ["comm_key", "comm"], comms)
 
 
 def _rel(col: str, t0: int) -> str:

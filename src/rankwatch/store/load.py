@@ -219,6 +219,13 @@ def distribute_state(con: Any, exclude: list[str], table: str = "raw_state") -> 
     con.execute(f"DROP TABLE {table}")
 
 
+def insert_tuples(con: Any, table: str, columns: list[str], rows: list[tuple]) -> None:
+    """Insert rows given as tuples, in the order of `columns` ("name TYPE" or "name"),
+    in one statement (DuckDB's executemany runs one statement per row: 2 ms each)."""
+    names = [c.split()[0] for c in columns]
+    insert_rows(con, table, [dict(zip(names, r, strict=True)) for r in rows])
+
+
 def insert_rows(con: Any, table: str, rows: list[dict[str, Any]]) -> None:
     """Insert Python rows (dict per row) by column name, in one statement."""
     if not rows:
