@@ -100,6 +100,31 @@ def test_both_readers_give_identical_tables_on_simulated_jobs(sim, job: str) -> 
     assert_same_tables(fast, slow)
 
 
+@needs_library
+def test_small_first_chunks_and_joined_batches_give_the_same_tables(
+    sim, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A file's first chunk sized from its bytes, too small here (3 rows), so the
+    parser goes on with full chunks; batches of small files joined before DuckDB
+    (tiny threshold); a gzip file too: the same tables as the DuckDB reader's."""
+    good = first_op_lines(sim("plain"), 60)
+    run = tmp_path / "run"
+    for i in range(5):
+        write_lines(run / f"r{i}-pid{i}.log", good[i * 9 : i * 9 + 9 + i])
+    with gzip.open(run / "z-pid9.log.gz", "wt", encoding="utf-8") as stream:
+        stream.write("\n".join(good) + "\n")
+    monkeypatch.setattr(native, "MIN_FIRST_ROWS", 3)
+    monkeypatch.setattr(native, "SMALL_RECORD_BYTES", 1 << 40)
+    monkeypatch.setattr(native, "CHUNK_ROWS", 7)
+    monkeypatch.setattr(native.Reader.__init__, "__defaults__", (7,))
+    monkeypatch.setattr(native, "COALESCE_ROWS", 20)
+    fast = _ingest(run, use_native=True)
+    slow = _ingest(run, use_native=False)
+    assert len(fast.native_files) == 6
+    assert fast.count("ops") == 5 * 9 + 10 + 60
+    assert_same_tables(fast, slow)
+
+
 def _reordered(line: str) -> str:
     """The same record with keys in reverse order, unknown keys (nested too) added,
     and strings written with escapes."""
@@ -242,7 +267,7 @@ def _parse_one(
     if reset:
         lib.rwp_reset(reader._p)
     flagged = lib.rwp_flagged(reader._p)
-    chunk = reader._bind_chunk()
+    chunk = reader._bind_chunk(reader.chunk_rows)
     buf = np.frombuffer(text + b"\n", dtype=np.uint8)
     lib.rwp_parse(reader._p, buf.ctypes.data, len(buf), 1)
     chunk, strings = reader._finish_chunk(chunk)

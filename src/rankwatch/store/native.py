@@ -43,6 +43,8 @@ from rankwatch.store.tables import OP_COLUMNS, OP_GROUP_FIELDS, op_json_columns
 
 LIB_FILENAME = "librankwatch-rwparse.so"
 CHUNK_ROWS = 1 << 15  # rows per Arrow batch: about 12 MB of column buffers
+MIN_FIRST_ROWS = 256  # ... and at least this many in a file's first (see Reader._first_rows)
+SMALL_RECORD_BYTES = 256  # an op record is about 1.2 KB; shorter ones exist (few fields)
 ROUND_ROWS = 1 << 19  # rows per INSERT statement (see load_files)
 GZIP_BLOCK = 1 << 23
 MAX_FLAGS = 64  # RWP_MAX_FLAGS
@@ -255,6 +257,7 @@ class Reader:
         self._lib = lib
         self.layout = layout
         self.chunk_rows = chunk_rows
+        self._capacity = chunk_rows  # rows the bound chunk holds
         err = ctypes.create_string_buffer(256)
         handle = lib.rwp_new(layout.spec, err, len(err))
         if not handle:
@@ -342,14 +345,26 @@ class Reader:
 
     # -------------------------------------------------------------- files
 
-    def _bind_chunk(self) -> Chunk:
-        chunk = _new_chunk(self.layout, self.chunk_rows)
+    def _bind_chunk(self, rows: int) -> Chunk:
+        chunk = _new_chunk(self.layout, rows)
         void_pp = ctypes.c_void_p * self.layout.slots
         values = void_pp(*[(v.ctypes.data if v is not None else None) for v in chunk.values])
         valid = void_pp(*[v.ctypes.data for v in chunk.valid])
-        if self._lib.rwp_bind(self._p, self.chunk_rows, values, valid) != 0:
+        if self._lib.rwp_bind(self._p, rows, values, valid) != 0:
             raise RuntimeError("native reader: rwp_bind failed")
+        self._capacity = rows
         return chunk
+
+    def _first_rows(self, rf: RecordFile) -> int:
+        """Rows of a file's first chunk: its size over a small record's (a dozen
+        times that in a gzip file), so that a small file (a thousand ranks' files of a
+        few hundred records) does not get buffers for CHUNK_ROWS rows; a file with
+        more records goes on with full chunks."""
+        guess = rf.size * (12 if rf.compressed else 1) // SMALL_RECORD_BYTES + 1
+        return int(min(self.chunk_rows, max(guess, MIN_FIRST_ROWS)))
+
+    def _full(self) -> bool:
+        return int(self._lib.rwp_rows(self._p)) >= self._capacity
 
     def _finish_chunk(self, chunk: Chunk) -> tuple[Chunk, list[str]]:
         chunk.rows = int(self._lib.rwp_rows(self._p))
@@ -389,16 +404,16 @@ class Reader:
 
     def _chunks(self, rf: RecordFile) -> Iterator[tuple[Chunk, list[str]]]:
         """Full chunks of rf's records, then the last one (maybe empty)."""
-        chunk = self._bind_chunk()
+        chunk = self._bind_chunk(self._first_rows(rf))
         if rf.compressed:
             for addr, length, final, keep in _gzip_blocks(rf.path):
                 pos = 0
                 while True:
                     pos += int(self._lib.rwp_parse(self._p, addr + pos, length - pos, final))
-                    if int(self._lib.rwp_rows(self._p)) < self.chunk_rows:
+                    if not self._full():
                         break  # all complete lines of the block are parsed
                     yield self._finish_chunk(chunk)
-                    chunk = self._bind_chunk()
+                    chunk = self._bind_chunk(self.chunk_rows)
                 keep.append(pos)
         else:
             with _Mapped(rf.path) as mapped:
@@ -407,10 +422,10 @@ class Reader:
                     left = mapped.size - pos
                     pos += int(self._lib.rwp_parse(self._p, mapped.addr + pos, left, 1))
                     mapped.release(pos)
-                    if int(self._lib.rwp_rows(self._p)) < self.chunk_rows:
+                    if not self._full():
                         break
                     yield self._finish_chunk(chunk)
-                    chunk = self._bind_chunk()
+                    chunk = self._bind_chunk(self.chunk_rows)
         yield self._finish_chunk(chunk)
 
 
@@ -582,6 +597,41 @@ def to_arrow(
 
 # ------------------------------------------------------------------ loading
 
+COALESCE_ROWS = 1 << 14  # smaller batches (small files: many ranks) are joined up to this
+
+
+class _Coalescer:
+    """Joins the batches of small files into batches of about COALESCE_ROWS rows
+    before they go to DuckDB (their string dictionaries unified): DuckDB's scan of
+    an Arrow stream costs milliseconds per batch, which at a thousand ranks' files
+    of a few hundred records each was most of the time of reading them. Rows of a
+    file rejected later are removed after loading either way (load_files)."""
+
+    def __init__(self, emit: Callable[[Any], None]) -> None:
+        self.emit = emit
+        self.held: list[Any] = []
+        self.rows = 0
+
+    def add(self, batch: Any) -> None:
+        if not self.held and batch.num_rows >= COALESCE_ROWS:
+            self.emit(batch)
+            return
+        self.held.append(batch)
+        self.rows += batch.num_rows
+        if self.rows >= COALESCE_ROWS:
+            self.flush()
+
+    def flush(self) -> None:
+        if len(self.held) == 1:
+            self.emit(self.held[0])
+        elif self.held:
+            import pyarrow as pa
+
+            table = pa.Table.from_batches(self.held).combine_chunks()
+            for batch in table.to_batches():
+                self.emit(batch)
+        self.held, self.rows = [], 0
+
 
 def load_files(
     con: Any,
@@ -619,6 +669,7 @@ def load_files(
                 continue
 
     def work() -> None:
+        held = _Coalescer(lambda batch: put(("chunk", None, batch)))
         try:
             with Reader(shape) as reader:
                 while not stop.is_set():
@@ -631,12 +682,12 @@ def load_files(
                     try:
                         for chunk, strings in reader.read(rf, outcome):
                             keys += comm_keys(strings[len(keys) :])
-                            batch = to_arrow(shape, chunk, strings, rf.path, keys)
-                            put(("chunk", rf, batch))
+                            held.add(to_arrow(shape, chunk, strings, rf.path, keys))
                     except (OSError, ValueError, EOFError, RuntimeError) as exc:
                         # e.g. a corrupt gzip stream: DuckDB's path and the careful
                         # reader say what is wrong with the file
                         outcome.reject = f"could not read: {exc}"
+            held.flush()
         except BaseException as exc:  # handed to the inserting thread, raised there
             put(("error", None, exc))
         finally:
