@@ -105,23 +105,26 @@ def test_small_first_chunks_and_joined_batches_give_the_same_tables(
     sim, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A file's first chunk sized from its bytes, too small here (3 rows), so the
-    parser goes on with full chunks; batches of small files joined before DuckDB
-    (tiny threshold); a gzip file too: the same tables as the DuckDB reader's."""
+    parser goes on with full chunks (files of 9 to 13 records, a gzip one of 60);
+    files read in one chunk (1 to 3 records) joined before DuckDB, several per batch
+    (tiny threshold): the same tables as the DuckDB reader's."""
     good = first_op_lines(sim("plain"), 60)
     run = tmp_path / "run"
     for i in range(5):
         write_lines(run / f"r{i}-pid{i}.log", good[i * 9 : i * 9 + 9 + i])
+    for i in range(6):
+        write_lines(run / f"s{i}-pid{20 + i}.log", good[50 + i : 50 + i + 1 + i % 3])
     with gzip.open(run / "z-pid9.log.gz", "wt", encoding="utf-8") as stream:
         stream.write("\n".join(good) + "\n")
     monkeypatch.setattr(native, "MIN_FIRST_ROWS", 3)
     monkeypatch.setattr(native, "SMALL_RECORD_BYTES", 1 << 40)
-    monkeypatch.setattr(native, "CHUNK_ROWS", 7)
     monkeypatch.setattr(native.Reader.__init__, "__defaults__", (7,))
-    monkeypatch.setattr(native, "COALESCE_ROWS", 20)
+    monkeypatch.setattr(native, "COALESCE_ROWS", 5)
+    monkeypatch.setattr(native, "JOIN_BELOW_ROWS", 3)  # files of 3 records go as they are
     fast = _ingest(run, use_native=True)
     slow = _ingest(run, use_native=False)
-    assert len(fast.native_files) == 6
-    assert fast.count("ops") == 5 * 9 + 10 + 60
+    assert len(fast.native_files) == 12
+    assert fast.count("ops") == 5 * 9 + 10 + 12 + 60
     assert_same_tables(fast, slow)
 
 

@@ -597,15 +597,16 @@ def to_arrow(
 
 # ------------------------------------------------------------------ loading
 
-COALESCE_ROWS = 1 << 14  # smaller batches (small files: many ranks) are joined up to this
+JOIN_BELOW_ROWS = 1 << 11  # batches of files this small (a thousand ranks' files) ...
+COALESCE_ROWS = 1 << 14  # ... are joined into batches of about this many rows
 
 
 class _Coalescer:
-    """Joins the batches of small files into batches of about COALESCE_ROWS rows
-    before they go to DuckDB (their string dictionaries unified): DuckDB's scan of
-    an Arrow stream costs milliseconds per batch, which at a thousand ranks' files
-    of a few hundred records each was most of the time of reading them. Rows of a
-    file rejected later are removed after loading either way (load_files)."""
+    """Joins the batches of files read in one chunk into batches of about
+    COALESCE_ROWS rows before they go to DuckDB (their string dictionaries unified),
+    fewer batches for DuckDB's scan of an Arrow stream at a thousand ranks' files of
+    a few hundred records each. (The chunks of larger files go as they are: holding
+    one would hold buffers sized for CHUNK_ROWS rows.)"""
 
     def __init__(self, emit: Callable[[Any], None]) -> None:
         self.emit = emit
@@ -613,7 +614,7 @@ class _Coalescer:
         self.rows = 0
 
     def add(self, batch: Any) -> None:
-        if not self.held and batch.num_rows >= COALESCE_ROWS:
+        if batch.num_rows >= JOIN_BELOW_ROWS:  # large enough as it is: no copy
             self.emit(batch)
             return
         self.held.append(batch)
@@ -679,10 +680,21 @@ def load_files(
                         rf = pending.pop()
                     outcome = outcomes[rf.path]
                     keys: list[str | None] = []
+                    first, large = None, False  # a file read in one chunk is joined
                     try:
                         for chunk, strings in reader.read(rf, outcome):
                             keys += comm_keys(strings[len(keys) :])
-                            held.add(to_arrow(shape, chunk, strings, rf.path, keys))
+                            batch = to_arrow(shape, chunk, strings, rf.path, keys)
+                            if large:
+                                put(("chunk", rf, batch))
+                            elif first is None:
+                                first = batch
+                            else:  # a second chunk: a larger file, its chunks go as they are
+                                put(("chunk", rf, first))
+                                put(("chunk", rf, batch))
+                                large = True
+                        if first is not None and not large and not outcome.reject:
+                            held.add(first)
                     except (OSError, ValueError, EOFError, RuntimeError) as exc:
                         # e.g. a corrupt gzip stream: DuckDB's path and the careful
                         # reader say what is wrong with the file
