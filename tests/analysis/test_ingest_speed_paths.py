@@ -86,3 +86,52 @@ def test_compressing_the_store_changes_nothing_but_its_size(
     ops = "SELECT count(*), sum(hash(host, pid, comm_key, func, seq, gpu_end_ns)) FROM ops"
     assert packed.con.execute(ops).fetchall() == plain.con.execute(ops).fetchall()
     assert packed.con.execute(FINGERPRINT).fetchall() == plain.con.execute(FINGERPRINT).fetchall()
+
+
+def test_state_files_read_as_objects_give_what_the_typed_reader_gives(tmp_path: Path) -> None:
+    """load.read_objects_sql (read_ndjson_objects + json_transform, fast on many small
+    files) gives the rows and values read_json gives with the state columns: good
+    records, wrong field types, malformed and non-object lines, overflow, blank lines,
+    nested wrong types, escapes, several files (one gzipped)."""
+    import gzip
+    import json
+
+    import duckdb
+
+    from rankwatch.store.load import read_json_sql, read_objects_sql
+    from rankwatch.store.tables import state_json_columns
+
+    good = {
+        "schema": 1, "kind": "progress", "ts_ns": 5, "hostname": "h\u00e9\\\"x", "pid": 7,
+        "comm_id": "0xab", "rank": 1, "n_ranks": 2, "reason": "interval",
+        "colls": {"AllReduce": {"enqueued": 3, "started": 2, "completed": 1}},
+        "p2p": {"send_enqueued": 1, "send_completed": 0, "recv_enqueued": 0, "recv_completed": 0},
+        "in_flight": [{"kind": "coll", "func": "AllReduce", "seq": 3, "peer": -1,
+                       "state": "gpu_started", "arrival_ns": 4, "age_ns": 1,
+                       "channels_started": 2, "channels_stopped": 1}],
+    }  # fmt: skip
+    lines = [
+        json.dumps(good),
+        json.dumps({**good, "rank": "three", "ts_ns": 2**64}),
+        json.dumps({**good, "colls": 5, "p2p": {"send_enqueued": "x"}}),
+        json.dumps({**good, "in_flight": [{"seq": "bad", "peer": 2**40}, 7]}),
+        '{"kind": oops',
+        "",
+        "[1, 2]",
+        json.dumps({"kind": "stats", "ts_ns": 9, "extra": {"nested": [1, {"a": None}]}}),
+        "null",
+    ]
+    (tmp_path / "a.rwstate.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    (tmp_path / "b.rwstate.jsonl").write_text("\n".join(reversed(lines)), encoding="utf-8")
+    with gzip.open(tmp_path / "c.rwstate.jsonl.gz", "wt", encoding="utf-8") as stream:
+        stream.write("\n".join(lines[:4]) + "\n")
+    paths = sorted(str(p) for p in tmp_path.iterdir())
+    con = duckdb.connect()
+    columns = state_json_columns()
+    typed = con.execute(f"SELECT * FROM {read_json_sql(paths, columns, True)} ORDER BY ALL")
+    want, want_types = typed.fetchall(), [d[:2] for d in typed.description]
+    objects = con.execute(f"SELECT * FROM {read_objects_sql(paths, columns)} ORDER BY ALL")
+    got, got_types = objects.fetchall(), [d[:2] for d in objects.description]
+    assert got_types == want_types
+    assert len(want) == 2 * 8 + 4
+    assert got == want

@@ -9,6 +9,7 @@ need the careful line-by-line reader.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -42,6 +43,20 @@ def read_json_sql(paths: list[str], columns: dict[str, str], lenient: bool) -> s
     return (
         f"read_json({files}, format='newline_delimited', columns={_struct_literal(columns)}, "
         f"filename=true, ignore_errors={'true' if lenient else 'false'})"
+    )
+
+
+def read_objects_sql(paths: list[str], columns: dict[str, str]) -> str:
+    """What read_json_sql(paths, columns, lenient=True) reads, the same rows and
+    values (a line DuckDB cannot decode, or that is no object, is a row of NULLs; a
+    field of the wrong type is NULL), through read_ndjson_objects and json_transform:
+    DuckDB's typed read_json costs about 3 ms per file before reading a line (a
+    thousand ranks' state files: 3 s of a 0.2 s read)."""
+    files = "[" + ", ".join(sql_str(p) for p in paths) + "]"
+    spec = sql_str(json.dumps(columns))
+    return (
+        f"(SELECT unnest(json_transform(json, {spec})), filename "
+        f"FROM read_ndjson_objects({files}, filename=true, ignore_errors=true))"
     )
 
 
@@ -180,7 +195,8 @@ def stage_state(
     Returns per file (usable rows, bad rows): bad = key fields missing or a newer
     schema; lines DuckDB could not decode at all (all-NULL rows) count as neither.
     """
-    reader = read_json_sql(paths, state_json_columns(), lenient)
+    columns = state_json_columns()
+    reader = read_objects_sql(paths, columns) if lenient else read_json_sql(paths, columns, False)
     con.execute(
         f"CREATE OR REPLACE TEMP TABLE {table} AS "
         f"SELECT {source} AS source_file, * EXCLUDE (filename) FROM {reader}"
