@@ -9,7 +9,8 @@ columns or come from a newer schema; 5. re-read only the files with any such
 row with the careful line reader, which reports each bad line once and loads
 the rest (a file whose only damage is a truncated last line is accepted as is,
 with that line reported, by either reader); 6. state files with DuckDB's reader
-the same way, checked against their line counts; 7. derive what Inspector
+(as JSON objects typed with json_transform: load.read_objects_sql) the same way,
+checked against their line counts; 7. derive what Inspector
 records lack. Both readers give the same tables (tests/analysis/test_native_reader.py).
 """
 
