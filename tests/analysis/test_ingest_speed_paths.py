@@ -120,6 +120,9 @@ def test_state_files_read_as_objects_give_what_the_typed_reader_gives(tmp_path: 
         "[1, 2]",
         json.dumps({"kind": "stats", "ts_ns": 9, "extra": {"nested": [1, {"a": None}]}}),
         "null",
+        # content after the object: two records glued by a writer killed mid-line
+        '{"kind":"progress","ts_ns":1}{"kind":"clock"}',
+        '{"kind":"progress","ts_ns":2}}',
     ]
     (tmp_path / "a.rwstate.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
     (tmp_path / "b.rwstate.jsonl").write_text("\n".join(reversed(lines)), encoding="utf-8")
@@ -133,5 +136,5 @@ def test_state_files_read_as_objects_give_what_the_typed_reader_gives(tmp_path: 
     objects = con.execute(f"SELECT * FROM {read_objects_sql(paths, columns)} ORDER BY ALL")
     got, got_types = objects.fetchall(), [d[:2] for d in objects.description]
     assert got_types == want_types
-    assert len(want) == 2 * 8 + 4
+    assert len(want) == 2 * 10 + 4
     assert got == want

@@ -121,7 +121,17 @@ def test_small_first_chunks_and_joined_batches_give_the_same_tables(
     monkeypatch.setattr(native.Reader.__init__, "__defaults__", (7,))
     monkeypatch.setattr(native, "COALESCE_ROWS", 5)
     monkeypatch.setattr(native, "JOIN_BELOW_ROWS", 3)  # files of 3 records go as they are
-    fast = _ingest(run, use_native=True)
+    joined: list[int] = []
+    flush = native._Coalescer.flush
+
+    def counted(self: native._Coalescer) -> None:
+        joined.append(len(self.held))
+        flush(self)
+
+    monkeypatch.setattr(native._Coalescer, "flush", counted)
+    one_thread = EngineSettings(DEFAULT_MEMORY_LIMIT, None, 1, native=True)
+    fast = ingest([run], progress=False, settings=one_thread)  # one parser: files joined
+    assert max(joined) >= 2, joined
     slow = _ingest(run, use_native=False)
     assert len(fast.native_files) == 12
     assert fast.count("ops") == 5 * 9 + 10 + 12 + 60

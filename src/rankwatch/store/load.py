@@ -54,9 +54,12 @@ def read_objects_sql(paths: list[str], columns: dict[str, str]) -> str:
     thousand ranks' state files: 3 s of a 0.2 s read)."""
     files = "[" + ", ".join(sql_str(p) for p in paths) + "]"
     spec = sql_str(json.dumps(columns))
+    # json_valid: DuckDB 1.x passes a line with content after its object (two records
+    # glued by a writer killed mid-line) on to json_transform, which raises; as a row
+    # of NULLs it goes, like any line DuckDB cannot decode, to the careful reader
     return (
-        f"(SELECT unnest(json_transform(json, {spec})), filename "
-        f"FROM read_ndjson_objects({files}, filename=true, ignore_errors=true))"
+        f"(SELECT unnest(CASE WHEN json_valid(json) THEN json_transform(json, {spec}) END), "
+        f"filename FROM read_ndjson_objects({files}, filename=true, ignore_errors=true))"
     )
 
 

@@ -599,6 +599,7 @@ def to_arrow(
 
 JOIN_BELOW_ROWS = 1 << 11  # batches of files this small (a thousand ranks' files) ...
 COALESCE_ROWS = 1 << 14  # ... are joined into batches of about this many rows
+COALESCE_BYTES = 1 << 26  # ... or fewer, when their buffers (sized from bytes) take this
 
 
 class _Coalescer:
@@ -611,7 +612,7 @@ class _Coalescer:
     def __init__(self, emit: Callable[[Any], None]) -> None:
         self.emit = emit
         self.held: list[Any] = []
-        self.rows = 0
+        self.rows = self.bytes = 0
 
     def add(self, batch: Any) -> None:
         if batch.num_rows >= JOIN_BELOW_ROWS:  # large enough as it is: no copy
@@ -619,7 +620,8 @@ class _Coalescer:
             return
         self.held.append(batch)
         self.rows += batch.num_rows
-        if self.rows >= COALESCE_ROWS:
+        self.bytes += batch.get_total_buffer_size()
+        if self.rows >= COALESCE_ROWS or self.bytes >= COALESCE_BYTES:
             self.flush()
 
     def flush(self) -> None:
@@ -631,7 +633,7 @@ class _Coalescer:
             table = pa.Table.from_batches(self.held).combine_chunks()
             for batch in table.to_batches():
                 self.emit(batch)
-        self.held, self.rows = [], 0
+        self.held, self.rows, self.bytes = [], 0, 0
 
 
 def load_files(
