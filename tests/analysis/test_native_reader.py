@@ -138,6 +138,18 @@ def test_small_first_chunks_and_joined_batches_give_the_same_tables(
     assert_same_tables(fast, slow)
 
 
+@needs_library
+def test_mapped_files_give_the_same_tables(sim, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Files larger than READ_WHOLE_BYTES are mapped instead of read (every file
+    here, with the threshold at 0), in chunks that drop parsed pages: same tables."""
+    monkeypatch.setattr(native, "READ_WHOLE_BYTES", 0)
+    monkeypatch.setattr(native.Reader.__init__, "__defaults__", (50,))  # several chunks
+    directory = sim("plain")
+    fast = _ingest(directory, use_native=True)
+    assert len(fast.native_files) == len([f for f in fast.files if f.role == "ops"])
+    assert_same_tables(fast, _ingest(directory, use_native=False))
+
+
 def _reordered(line: str) -> str:
     """The same record with keys in reverse order, unknown keys (nested too) added,
     and strings written with escapes."""

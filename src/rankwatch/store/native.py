@@ -45,6 +45,7 @@ LIB_FILENAME = "librankwatch-rwparse.so"
 CHUNK_ROWS = 1 << 15  # rows per Arrow batch: about 12 MB of column buffers
 MIN_FIRST_ROWS = 256  # ... and at least this many in a file's first (see Reader._first_rows)
 SMALL_RECORD_BYTES = 256  # an op record is about 1.2 KB; shorter ones exist (few fields)
+READ_WHOLE_BYTES = 1 << 22  # plain files up to this size are read, larger ones mapped
 ROUND_ROWS = 1 << 19  # rows per INSERT statement (see load_files)
 GZIP_BLOCK = 1 << 23
 MAX_FLAGS = 64  # RWP_MAX_FLAGS
@@ -449,7 +450,9 @@ def _gzip_blocks(path: str) -> Iterator[tuple[int, int, int, list[int]]]:
 
 class _Mapped:
     """A plain file mapped read-only; pages already parsed are dropped from this
-    process's resident set as parsing moves on (the page cache keeps them)."""
+    process's resident set as parsing moves on (the page cache keeps them). A small
+    file is read whole instead: one copy costs less than mapping it, faulting its
+    pages in and unmapping it (a thousand ranks' files of a few hundred KB)."""
 
     def __init__(self, path: str) -> None:
         self._file = open(path, "rb")  # noqa: SIM115 - closed in __exit__
@@ -460,7 +463,12 @@ class _Mapped:
         self._dropped = 0
 
     def __enter__(self) -> _Mapped:
-        if self.size:
+        if 0 < self.size <= READ_WHOLE_BYTES:
+            data = self._file.read()
+            self.size = len(data)  # a file still being written may have grown
+            self._view = np.frombuffer(data, dtype=np.uint8)
+            self.addr = self._view.ctypes.data if self.size else 0
+        elif self.size:
             self._map = mmap.mmap(self._file.fileno(), 0, access=mmap.ACCESS_READ)
             if hasattr(mmap, "MADV_SEQUENTIAL"):
                 self._map.madvise(mmap.MADV_SEQUENTIAL)
