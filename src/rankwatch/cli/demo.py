@@ -81,7 +81,7 @@ def _matching(s: Straggler, findings: list[dict[str, Any]]) -> dict[str, Any] | 
     return None
 
 
-def _found_line(s: Straggler, hit: dict[str, Any]) -> list[str]:
+def _found_lines(s: Straggler, hit: dict[str, Any]) -> list[str]:
     """What was found of the injected straggler, and where it differs from what was
     injected (cause, onset)."""
     start, end = _steps(hit)
@@ -121,7 +121,7 @@ def verdict(injected: Straggler, findings: list[dict[str, Any]]) -> list[str]:
     if hit is None:
         lines.append("  found:    nothing matching it (see the findings above)")
     else:
-        lines += _found_line(s, hit)
+        lines += _found_lines(s, hit)
     others = [f for f in findings if f is not hit]
     for f in others:
         who = f"rank {f['rank']}" if f.get("rank") is not None else "a communicator"

@@ -73,12 +73,8 @@ class Stream:
         self.prepare = Preparer(topology)
         self.assembler = Assembler(topology, self.ctx.config.evict_ns)
         self.detectors: list[Detector] = [make(self.ctx) for make in (detectors or DETECTORS)]
-        self.held: list[Recs] = []  # records of op kinds whose period is not learned yet
-        self.learn_buf: list[Recs] = []  # op sequences of the processes that use them
-        self.learn_rows = 0
-        self.tally = LearnTally(topology.n_procs)  # what learn_buf has, kept as it grows
-        self.held_syms = np.zeros(0, dtype=np.int64)  # the kinds of the held records
         self.learning = np.zeros(topology.n_procs, dtype=bool)
+        self._clear_learning()
         self.hold_since = -np.inf
         self.learned = False
         self.now = -np.inf
@@ -147,23 +143,27 @@ class Stream:
                 part = Recs({c: getattr(recs, c)[mine] for c in LEARN_COLUMNS})
                 self.learn_buf.append(part)
                 self.tally.add(part)
-                self.learn_rows += int(mine.sum())
         if not self.held or not (final or self._enough()):
             return passed if passed is not None and len(passed) else None
-        held = Recs.concat(self.held)
-        syms = np.unique(held.sym)
+        held, syms = Recs.concat(self.held), self.held_syms
         periods = learn_periods(Recs.concat(self.learn_buf), syms)
         self.ctx.slots.add({int(s): periods.get(int(s), 1) for s in syms.tolist()})
         self.learned = True
-        self.held, self.learn_buf, self.learn_rows = [], [], 0
-        self.tally = LearnTally(self.topo.n_procs)
-        self.held_syms = np.zeros(0, dtype=np.int64)
-        self.learning[:] = False
+        self._clear_learning()
         out = Recs.concat([held, passed]) if passed is not None else held
         return out if len(out) else None
 
+    def _clear_learning(self) -> None:
+        """Nothing held, nothing learned from: at the start, and once periods are learned."""
+        self.held: list[Recs] = []  # records of op kinds whose period is not learned yet
+        self.learn_buf: list[Recs] = []  # op sequences of the processes that use them
+        self.tally = LearnTally(self.topo.n_procs)  # what learn_buf has, kept as it grows
+        self.held_syms = np.zeros(0, dtype=np.int64)  # the kinds of the held records
+        self.learning[:] = False
+
     def _enough(self) -> bool:
-        if self.now - self.hold_since > LEARN_HOLD_NS or self.learn_rows > LEARN_MAX_ROWS:
+        learn_rows = int(self.tally.ops.sum())  # rows in learn_buf
+        if self.now - self.hold_since > LEARN_HOLD_NS or learn_rows > LEARN_MAX_ROWS:
             return True
         return self.tally.enough(self.held_syms)
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import gzip
+import itertools
 import mmap
 import os
 import queue
@@ -644,6 +645,16 @@ class _Coalescer:
         self.held, self.rows, self.bytes = [], 0, 0
 
 
+def _file_batches(
+    reader: Reader, shape: Layout, rf: RecordFile, outcome: FileOutcome
+) -> Iterator[Any]:
+    """rf's records as Arrow batches (Reader.read's chunks, see to_arrow)."""
+    keys: list[str | None] = []
+    for chunk, strings in reader.read(rf, outcome):
+        keys += comm_keys(strings[len(keys) :])
+        yield to_arrow(shape, chunk, strings, rf.path, keys)
+
+
 def load_files(
     con: Any,
     files: list[RecordFile],
@@ -689,22 +700,15 @@ def load_files(
                             break
                         rf = pending.pop()
                     outcome = outcomes[rf.path]
-                    keys: list[str | None] = []
-                    first, large = None, False  # a file read in one chunk is joined
                     try:
-                        for chunk, strings in reader.read(rf, outcome):
-                            keys += comm_keys(strings[len(keys) :])
-                            batch = to_arrow(shape, chunk, strings, rf.path, keys)
-                            if large:
+                        batches = _file_batches(reader, shape, rf, outcome)
+                        first, second = next(batches, None), next(batches, None)
+                        if second is None:  # read in one chunk: joined with other files'
+                            if first is not None and not outcome.reject:
+                                held.add(first)
+                        else:  # a larger file: its chunks go as they are
+                            for batch in itertools.chain((first, second), batches):
                                 put(("chunk", rf, batch))
-                            elif first is None:
-                                first = batch
-                            else:  # a second chunk: a larger file, its chunks go as they are
-                                put(("chunk", rf, first))
-                                put(("chunk", rf, batch))
-                                large = True
-                        if first is not None and not large and not outcome.reject:
-                            held.add(first)
                     except (OSError, ValueError, EOFError, RuntimeError) as exc:
                         # e.g. a corrupt gzip stream: DuckDB's path and the careful
                         # reader say what is wrong with the file
