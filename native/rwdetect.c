@@ -279,52 +279,41 @@ RWD_EXPORT int64_t rwd_columns(int64_t n, const int64_t *proc, const int64_t *co
   return RWD_OK;
 }
 
-/* robust.cusum_lazy's arrays, with the same operations in the same order (so the
- * same doubles): S = max(0, S_prev + step) per group (elements sorted by group,
- * then time), computed as C_t - min(min C_k, -carry) from the within-group
- * cumulative sum C, groups kept apart by an offset of `big` per group id as the
- * NumPy form does. gid: `group` itself when dense, else counted at each group's
- * first element. Writes s, zero (S at 0) and last_zero (the latest element at 0
- * so far, -1: none); `c` is scratch of n doubles. */
-static double np_min(double a, double b) {
+static double np_min(double a, double b) { /* numpy.minimum: NaN wins */
   if (isnan(a)) return a;
   if (isnan(b)) return b;
   return a < b ? a : b;
 }
 
+/* One step of the CUSUM S = max(0, S_prev + step) of a group, in the form of
+ * robust._cusum_arrays: S_t = C_t - min(min_{k<=t} C_k, -carry), C the running
+ * sum of the group's steps. *c and *m (C and its running minimum) are the
+ * group's state; `first` starts it (C is the first step itself, as
+ * numpy.add.accumulate's is). Returns S (0 exactly at the minimum). */
+static double cusum_step(double step, double carry, int first, double *c, double *m) {
+  *c = first ? step : *c + step;
+  *m = first ? *c : np_min(*m, *c);
+  double v = *c - np_min(*m, -carry);
+  return v <= 0.0 ? 0.0 : v;
+}
+
+/* robust.cusum_lazy's arrays over elements sorted by group, then time
+ * (gstart[i]: the first element of i's group): S per element (cusum_step),
+ * zero (S at 0) and last_zero (the latest element at 0 so far, -1: none). The
+ * same doubles as the NumPy form, which sums group by group in the same order. */
 RWD_EXPORT int64_t rwd_cusum(int64_t n, const double *step, const int64_t *group,
                              const double *carry, int64_t n_carry, const int64_t *gstart,
-                             int64_t dense, double *c, double *s, uint8_t *zero,
-                             int64_t *last_zero) {
+                             double *s, uint8_t *zero, int64_t *last_zero) {
   for (int64_t i = 0; i < n; i++)
-    if (!in_range(group[i], n_carry) || gstart[i] < 0 || gstart[i] > i) return RWD_RANGE;
-  double total = 0.0;
+    if (!in_range(group[i], n_carry) || gstart[i] < 0 || gstart[i] > i ||
+        (gstart[i] != i && (i == 0 || gstart[i] != gstart[i - 1])))
+      return RWD_RANGE;
+  double c = 0.0, m = 0.0;
+  int64_t lz = -1;
   for (int64_t i = 0; i < n; i++) {
-    total += step[i];
-    c[i] = total; /* numpy.cumsum: sequential */
-  }
-  /* C_t = total_t - (total - step)[gstart]: backwards, so that c[gstart] (never
-   * after t) still holds the cumulative sum when it is read */
-  for (int64_t i = n - 1; i >= 0; i--) c[i] = c[i] - (c[gstart[i]] - step[gstart[i]]);
-  double max_c = 0.0, max_carry = 0.0;
-  for (int64_t i = 0; i < n; i++)
-    if (fabs(c[i]) > max_c || isnan(c[i])) max_c = fabs(c[i]);
-  for (int64_t g = 0; g < n_carry; g++)
-    if (fabs(carry[g]) > max_carry || isnan(carry[g])) max_carry = fabs(carry[g]);
-  double big = 4.0 * (max_c + max_carry + 1.0);
-  double tiny = 1e-9 * big, low = 0.0;
-  int64_t gid = -1, lz = -1;
-  for (int64_t i = 0; i < n; i++) {
-    if (dense) gid = group[i];
-    else if (gstart[i] == i) gid++;
-    double offset = (double)gid * big;
-    double y = np_min(c[i], -carry[group[i]]) - offset;
-    low = i == 0 ? y : np_min(low, y); /* numpy.minimum.accumulate */
-    double v = c[i] - (low + offset);
-    int at_zero = v <= tiny;
-    s[i] = at_zero ? 0.0 : v;
-    zero[i] = (uint8_t)at_zero;
-    if (at_zero) lz = i;
+    s[i] = cusum_step(step[i], carry[group[i]], gstart[i] == i, &c, &m);
+    zero[i] = (uint8_t)(s[i] == 0.0);
+    if (zero[i]) lz = i;
     last_zero[i] = lz;
   }
   return RWD_OK;
@@ -382,4 +371,305 @@ RWD_EXPORT int64_t rwd_instances(int64_t n, const int64_t *uid, const int64_t *s
   for (int64_t i = 0; i < n; i++)
     prev_inst[i] = lookup(prev_uid[i], seg[i], mask, inst_uid, inst_seg, table, &at);
   return count;
+}
+
+/* ---------------------------------------------------------------- straggler */
+
+/* Heap sort of a[0..n) ascending: in place, no allocation, n log n at worst. */
+static void sift_down(int64_t *a, int64_t root, int64_t n) {
+  for (;;) {
+    int64_t child = 2 * root + 1;
+    if (child >= n) return;
+    if (child + 1 < n && a[child + 1] > a[child]) child++;
+    if (a[root] >= a[child]) return;
+    int64_t t = a[root];
+    a[root] = a[child];
+    a[child] = t;
+    root = child;
+  }
+}
+
+static void heap_sort(int64_t *a, int64_t n) {
+  for (int64_t i = n / 2 - 1; i >= 0; i--) sift_down(a, i, n);
+  for (int64_t end = n - 1; end > 0; end--) {
+    int64_t t = a[0];
+    a[0] = a[end];
+    a[end] = t;
+    sift_down(a, 0, end);
+  }
+}
+
+#define POS_BITS 27 /* straggler._time_order's (time << 27) | position */
+
+/* An op's place in straggler._time_order within its process: its GPU start to
+ * 16 ns from the batch's earliest, then its position in idx. */
+static int64_t time_key(double gstart, double t_min, int64_t pos) {
+  double d = finite_or(gstart) - t_min;
+  if (!(d > 0.0)) d = 0.0;
+  if (d > REL_MAX) d = REL_MAX;
+  return ((int64_t)d >> 4 << POS_BITS) | pos;
+}
+
+/* Runs of late ops per process over its judged ops in time order
+ * (straggler.StragglerDetector._rank_persistence). The records idx[0..m) are
+ * taken in the order of straggler._time_order: by proc, GPU start to 16 ns
+ * from the earliest, position in idx. Per process: the run of consecutive late
+ * ops (hit), carried in run_state, and the judged ops since its last late op,
+ * carried in miss_state, both updated for the processes present. Every late
+ * op whose run reaches need_pair (pair[record]) or need_solo fires: fired_rec,
+ * fired_run, fired_start (the record the run began at; -1: before this
+ * batch), their count returned, in that order. tail_start[p] = where the run p
+ * ends this batch in began (-1: before it), -2 when its last op was not late,
+ * -3 when p had no op here.
+ *
+ * Late ops are rare, so only they are sorted: an op that is not late breaks
+ * the run at the late op after it in time, found by a binary search among its
+ * process's late ops (as straggler._runs_at_hits does in NumPy). Scratch: key
+ * and gap (m each), count (n_procs + 1). */
+RWD_EXPORT int64_t rwd_rank_runs(int64_t m, const int64_t *idx, int64_t n, const int64_t *proc,
+                                 int64_t n_procs, const double *gstart, const uint8_t *hit,
+                                 const uint8_t *pair, int64_t need_solo, int64_t need_pair,
+                                 int64_t *run_state, int64_t *miss_state, int64_t *tail_start,
+                                 int64_t *fired_rec, int64_t *fired_run, int64_t *fired_start,
+                                 int64_t *key, int64_t *gap, int64_t *count) {
+  if (m < 0 || m >= ((int64_t)1 << POS_BITS) || n_procs < 0) return RWD_RANGE;
+  for (int64_t j = 0; j < m; j++)
+    if (!in_range(idx[j], n) || !in_range(proc[idx[j]], n_procs)) return RWD_RANGE;
+  double t_min = INFINITY;
+  for (int64_t j = 0; j < m; j++) {
+    double t = finite_or(gstart[idx[j]]);
+    if (t < t_min) t_min = t;
+  }
+  /* the late ops, by process (count: their end per process), each's key sorted */
+  for (int64_t p = 0; p <= n_procs; p++) count[p] = 0;
+  int64_t n_hits = 0;
+  for (int64_t j = 0; j < m; j++)
+    if (hit[idx[j]]) count[proc[idx[j]] + 1]++, n_hits++;
+  for (int64_t p = 0; p < n_procs; p++) count[p + 1] += count[p];
+  for (int64_t j = 0; j < m; j++)
+    if (hit[idx[j]]) key[count[proc[idx[j]]]++] = time_key(gstart[idx[j]], t_min, j);
+  for (int64_t p = 0, begin = 0; p < n_procs; begin = count[p], p++) {
+    int sorted = 1;
+    for (int64_t q = begin + 1; q < count[p] && sorted; q++) sorted = key[q] > key[q - 1];
+    if (!sorted) heap_sort(key + begin, count[p] - begin);
+  }
+  /* gap[h]: an op not late just before late op h (h = a process's end: after
+   * its last); tail_start doubles as each process's op count meanwhile */
+  for (int64_t h = 0; h < n_hits; h++) gap[h] = 0;
+  for (int64_t p = 0; p < n_procs; p++) tail_start[p] = 0;
+  int64_t *trailing = gap + n_hits; /* n_procs more: ops after a process's last late op */
+  for (int64_t p = 0; p < n_procs; p++) trailing[p] = 0;
+  for (int64_t j = 0; j < m; j++) {
+    int64_t i = idx[j], p = proc[i];
+    tail_start[p]++;
+    if (hit[i]) continue;
+    int64_t lo = p ? count[p - 1] : 0, hi = count[p];
+    if (lo == hi) continue; /* no late op here: a miss, counted below */
+    int64_t k = time_key(gstart[i], t_min, j);
+    while (lo < hi) { /* the first late op after this one */
+      int64_t mid = lo + (hi - lo) / 2;
+      if (key[mid] < k) lo = mid + 1;
+      else hi = mid;
+    }
+    if (lo < count[p]) gap[lo] = 1;
+    else trailing[p]++;
+  }
+  int64_t fired = 0;
+  for (int64_t p = 0, begin = 0; p < n_procs; begin = count[p], p++) {
+    int64_t ops = tail_start[p];
+    if (ops == 0) {
+      tail_start[p] = -3;
+      continue;
+    }
+    if (count[p] == begin) { /* no late op: the run is broken, the misses go on */
+      run_state[p] = 0;
+      miss_state[p] += ops;
+      tail_start[p] = -2;
+      continue;
+    }
+    int64_t run = run_state[p], start = -1;
+    for (int64_t h = begin; h < count[p]; h++) {
+      int64_t i = idx[key[h] & (((int64_t)1 << POS_BITS) - 1)];
+      if (gap[h]) run = 0;
+      if (++run == 1) start = i;
+      if (run >= (pair[i] ? need_pair : need_solo)) {
+        fired_rec[fired] = i;
+        fired_run[fired] = run;
+        fired_start[fired] = start;
+        fired++;
+      }
+    }
+    miss_state[p] = trailing[p];
+    run_state[p] = trailing[p] ? 0 : run;
+    tail_start[p] = trailing[p] ? -2 : start;
+  }
+  return fired;
+}
+
+/* Median of the non-NaN values of x[0..k) (NaN when none), as numpy.nanmedian:
+ * the middle value, or the mean of the two middle ones. */
+static double nan_median(const double *x, int64_t k, double *tmp) {
+  int64_t m = 0;
+  for (int64_t j = 0; j < k; j++) {
+    if (isnan(x[j])) continue;
+    int64_t at = m++;
+    while (at > 0 && tmp[at - 1] > x[j]) { /* insertion sort: k is a handful */
+      tmp[at] = tmp[at - 1];
+      at--;
+    }
+    tmp[at] = x[j];
+  }
+  if (m == 0) return NAN;
+  return m % 2 ? tmp[m / 2] : (tmp[m / 2 - 1] + tmp[m / 2]) / 2.0;
+}
+
+/* numpy.sign(m) * numpy.maximum(abs(m) - se, 0): the learned offset shrunk toward 0 */
+static double shrunk(double m, double se) {
+  double a = fabs(m) - se;
+  double kept = isnan(a) ? a : (a > 0.0 ? a : 0.0);
+  double sign = m > 0.0 ? 1.0 : (m < 0.0 ? -1.0 : (isnan(m) ? m : 0.0));
+  return sign * kept;
+}
+
+static void onset_of(int64_t i, const int64_t *seq, const double *arrival_c,
+                     const int64_t *comm, const int64_t *func, const double *carried,
+                     double *out) {
+  if (i < 0) {
+    for (int k = 0; k < 4; k++) out[k] = carried[k];
+    return;
+  }
+  out[0] = (double)seq[i];
+  out[1] = arrival_c[i];
+  out[2] = (double)comm[i];
+  out[3] = (double)func[i];
+}
+
+/* The straggler detector's per-(process, slot) state over one batch
+ * (straggler.StragglerDetector._baseline and _slot_runs), flat[i] = proc *
+ * width + slot in [0, n_flat) for the records with ok[i] set. The batch must
+ * give each flat's records in seq order (else RWD_UNORDERED); they are visited
+ * in stream order, each flat's state small enough to stay in cache.
+ *
+ * Baseline: the first `learn` excesses (and sigmas) of each flat are kept in
+ * learn_x/learn_sig (n_flat x learn) and leave resid NaN; at the last of them
+ * base = sign(m) * max(|m| - 2 median(sigma) / sqrt(learn), 0), m their median;
+ * after that resid = excess - base. nobs counts each flat's records.
+ *
+ * Persistence over the judged records (finite resid), hit = resid > thr: per
+ * flat the run of consecutive hits (run_state) and the CUSUM of min(z, z_clip)
+ * - cusum_k, z = resid / sigma (cusum_state; cusum_step, as rwd_cusum);
+ * run_at/cusum_at (n_flat x 4) hold where a run or excursion going on at the
+ * batch's end began (seq, arrival_c, comm, func; -1s: none), last_z the z of a
+ * flat's last op when it was late (else 0). Writes resid, hit and head (a hit
+ * that begins a run) for every record; a record may fire when its run reaches
+ * low_run or its S low_s: f_rec, f_run, f_s, f_run_start and f_cusum_start (the
+ * record the run or excursion began at; -1: before this batch; -2: S is 0),
+ * f_z1 (z of the op before it at its flat, or last_z) and f_carried (8 per
+ * record: run_at and cusum_at of its flat before this batch), in stream order;
+ * their count is returned. Scratch: fs (4 n_flat int64), fz (4 n_flat doubles),
+ * tmp (learn doubles). */
+RWD_EXPORT int64_t rwd_slot_state(
+    int64_t n, const int64_t *flat, int64_t n_flat, const uint8_t *ok, const int64_t *seq,
+    const double *excess, const double *sigma, const double *thr, int64_t learn,
+    double z_clip, double cusum_k, int64_t low_run, double low_s, int64_t *nobs,
+    double *learn_x, double *learn_sig, double *base, int64_t *run_state, double *cusum_state,
+    double *run_at, double *cusum_at, double *last_z, const int64_t *comm,
+    const int64_t *func, const double *arrival_c, double *resid, uint8_t *hit, uint8_t *head,
+    int64_t *f_rec, int64_t *f_run, double *f_s, int64_t *f_run_start,
+    int64_t *f_cusum_start, double *f_z1, double *f_carried, int64_t *fs, double *fz,
+    double *tmp) {
+  if (learn < 1 || n_flat < 0 || n < 0) return RWD_RANGE;
+  int64_t *last_seq = fs, *judged = fs + n_flat, *pos = fs + 2 * n_flat, *last = fs + 3 * n_flat;
+  for (int64_t f = 0; f < n_flat; f++) judged[f] = 0; /* 0: not seen yet */
+  for (int64_t i = 0; i < n; i++) {
+    if (!ok[i]) continue;
+    int64_t f = flat[i];
+    if (!in_range(f, n_flat)) return RWD_RANGE;
+    if (judged[f] && seq[i] < last_seq[f]) return RWD_UNORDERED;
+    judged[f] = 1;
+    last_seq[f] = seq[i];
+  }
+  for (int64_t f = 0; f < n_flat; f++) judged[f] = 0;
+
+  /* baseline, in stream order */
+  for (int64_t i = 0; i < n; i++) {
+    resid[i] = NAN;
+    hit[i] = head[i] = 0;
+    if (!ok[i]) continue;
+    int64_t f = flat[i], k = nobs[f]++;
+    if (k < learn) {
+      learn_x[f * learn + k] = excess[i];
+      learn_sig[f * learn + k] = sigma[i];
+      if (k == learn - 1) {
+        double mid = nan_median(learn_x + f * learn, learn, tmp);
+        double se = 2.0 * nan_median(learn_sig + f * learn, learn, tmp) / sqrt((double)learn);
+        base[f] = shrunk(mid, se);
+      }
+      continue;
+    }
+    resid[i] = excess[i] - base[f];
+    judged[f] += isfinite(resid[i]);
+  }
+
+  /* runs and the CUSUM, in stream order, with each flat's running values in
+   * scratch: C and its minimum (fc, fm), where the run began (pos; -1 carried),
+   * where the excursion began (began; -1 carried, -2 right after S was 0), the
+   * z before (fz); run_state is the run so far, cusum_state stays the carry */
+  double *fc = fz + n_flat, *fm = fz + 2 * n_flat, *s_last = fz + 3 * n_flat;
+  int64_t *began = judged;
+  for (int64_t f = 0; f < n_flat; f++) last[f] = -1;
+  int64_t fired = 0;
+  for (int64_t i = 0; i < n; i++) {
+    if (!isfinite(resid[i])) continue;
+    int64_t f = flat[i];
+    double carry = cusum_state[f], z = resid[i] / sigma[i];
+    int first = last[f] < 0;
+    if (first) {
+      pos[f] = -1;
+      began[f] = carry > 0 ? -1 : i;
+      fz[f] = last_z[f];
+    } else if (began[f] == -2) {
+      began[f] = i;
+    }
+    double s = cusum_step(np_min(z, z_clip) - cusum_k, carry, first, fc + f, fm + f);
+    int late = resid[i] > thr[i];
+    int64_t r = late ? run_state[f] + 1 : 0;
+    if (r == 1) pos[f] = i;
+    hit[i] = (uint8_t)late;
+    head[i] = (uint8_t)(r == 1);
+    run_state[f] = r;
+    if (r >= low_run || s >= low_s) {
+      f_rec[fired] = i;
+      f_run[fired] = r;
+      f_s[fired] = s;
+      f_run_start[fired] = r > 0 ? pos[f] : -1;
+      f_cusum_start[fired] = s == 0.0 ? -2 : began[f];
+      f_z1[fired] = fz[f];
+      for (int k = 0; k < 4; k++) {
+        f_carried[fired * 8 + k] = run_at[f * 4 + k];
+        f_carried[fired * 8 + 4 + k] = cusum_at[f * 4 + k];
+      }
+      fired++;
+    }
+    if (s == 0.0) began[f] = -2; /* the next op begins the next excursion */
+    fz[f] = z;
+    last[f] = i;
+    s_last[f] = s;
+  }
+
+  /* each flat's state after its last op here */
+  for (int64_t f = 0; f < n_flat; f++) {
+    if (last[f] < 0) continue;
+    int64_t r = run_state[f];
+    double s = s_last[f], run_from[4], s_from[4];
+    onset_of(pos[f], seq, arrival_c, comm, func, run_at + f * 4, run_from);
+    onset_of(began[f], seq, arrival_c, comm, func, cusum_at + f * 4, s_from);
+    for (int k = 0; k < 4; k++) {
+      run_at[f * 4 + k] = r > 0 ? run_from[k] : -1.0;
+      cusum_at[f * 4 + k] = s > 0 ? s_from[k] : -1.0;
+    }
+    cusum_state[f] = s;
+    last_z[f] = r > 0 ? fz[f] : 0.0;
+  }
+  return fired;
 }

@@ -35,12 +35,29 @@ int64_t rwd_columns(int64_t n, const int64_t *proc, const int64_t *comm, const i
                     const int64_t *comm_size, int32_t *cls, int32_t *stage, uint8_t *p2p,
                     int64_t *key, int64_t *uid, int64_t *sym, int64_t *cslot);
 int64_t rwd_cusum(int64_t n, const double *step, const int64_t *group, const double *carry,
-                  int64_t n_carry, const int64_t *gstart, int64_t dense, double *c, double *s,
-                  uint8_t *zero, int64_t *last_zero);
+                  int64_t n_carry, const int64_t *gstart, double *s, uint8_t *zero,
+                  int64_t *last_zero);
 int64_t rwd_instances(int64_t n, const int64_t *uid, const int64_t *seg, const double *gend,
                       const int64_t *prev_uid, int64_t cap, int64_t *table, int64_t *inst,
                       int64_t *prev_inst, int64_t *inst_seg, int64_t *inst_uid,
                       double *inst_end);
+int64_t rwd_rank_runs(int64_t m, const int64_t *idx, int64_t n, const int64_t *proc,
+                      int64_t n_procs, const double *gstart, const uint8_t *hit,
+                      const uint8_t *pair, int64_t need_solo, int64_t need_pair,
+                      int64_t *run_state, int64_t *miss_state, int64_t *tail_start,
+                      int64_t *fired_rec, int64_t *fired_run, int64_t *fired_start,
+                      int64_t *key, int64_t *gap, int64_t *count);
+int64_t rwd_slot_state(int64_t n, const int64_t *flat, int64_t n_flat, const uint8_t *ok,
+                       const int64_t *seq, const double *excess, const double *sigma,
+                       const double *thr, int64_t learn, double z_clip, double cusum_k,
+                       int64_t low_run, double low_s, int64_t *nobs, double *learn_x,
+                       double *learn_sig, double *base, int64_t *run_state,
+                       double *cusum_state, double *run_at, double *cusum_at, double *last_z,
+                       const int64_t *comm, const int64_t *func, const double *arrival_c,
+                       double *resid, uint8_t *hit, uint8_t *head, int64_t *f_rec,
+                       int64_t *f_run, double *f_s, int64_t *f_run_start,
+                       int64_t *f_cusum_start, double *f_z1, double *f_carried,
+                       int64_t *fs, double *fz, double *tmp);
 
 #ifdef __cplusplus
 }

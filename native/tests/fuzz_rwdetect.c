@@ -135,7 +135,7 @@ static int one_round(int64_t n) {
     if (pick(60) == 0) gst[i] = index_like(n);
   }
   for (int64_t k = 0; k <= n; k++) carry[k] = pick(2) ? 0.0 : (double)pick(9);
-  good &= ok(rwd_cusum(n, step, group, carry, g + 1, gst, (int64_t)pick(2), c, s, flags, lz));
+  good &= ok(rwd_cusum(n, step, group, carry, g + 1, gst, s, flags, lz));
 
   /* instances */
   int64_t cap = 2;
@@ -152,6 +152,73 @@ static int one_round(int64_t n) {
   int64_t n_inst = rwd_instances(n, uid, seg, gend, prev_uid, pick(10) ? cap : cap - 1, table,
                                  inst, prev_inst, inst_seg, inst_uid, inst_end);
   good &= ok(n_inst) && n_inst <= n;
+
+  /* straggler: runs per rank over the judged ops idx (some out of range) */
+  int64_t m = pick(n + 1), fired_max = m > 0 ? m : 1;
+  int64_t *ridx = NEW(int64_t, m), *run_st = NEW(int64_t, n_procs), *miss_st = NEW(int64_t, n_procs);
+  int64_t *tail = NEW(int64_t, n_procs), *f_rec = NEW(int64_t, fired_max + n);
+  int64_t *f_run = NEW(int64_t, fired_max + n), *f_start = NEW(int64_t, fired_max + n);
+  int64_t *rkey = NEW(int64_t, m), *rgap = NEW(int64_t, m + n_procs);
+  int64_t *rcount = NEW(int64_t, n_procs + 1);
+  uint8_t *hit = NEW(uint8_t, n), *pair = NEW(uint8_t, n);
+  int64_t *rproc = NEW(int64_t, n);
+  int wild = pick(4) == 0; /* a round with indices out of range, now and then */
+  for (int64_t j = 0; j < m; j++) ridx[j] = wild && !pick(50) ? index_like(n) : pick(n);
+  for (int64_t i = 0; i < n; i++) {
+    rproc[i] = wild && !pick(50) ? index_like(n_procs) : pick(n_procs);
+    hit[i] = (uint8_t)(pick(3) == 0);
+    pair[i] = (uint8_t)(pick(4) == 0);
+  }
+  for (int64_t p = 0; p < n_procs; p++) {
+    run_st[p] = pick(5);
+    miss_st[p] = pick(5);
+  }
+  int64_t got = rwd_rank_runs(m, ridx, n, rproc, n_procs, gstart, hit, pair, 1 + pick(4),
+                              pick(2) ? INT64_MAX : 1 + pick(6), run_st, miss_st, tail, f_rec,
+                              f_run, f_start, rkey, rgap, rcount);
+  good &= ok(got) && got <= m;
+  good &= wild || got >= 0;
+
+  /* straggler: per-(rank, slot) state; flat in range for most ok records, seq
+   * mostly ascending per flat (else declined) */
+  int64_t n_flat = 1 + pick(12), learn = 1 + pick(5);
+  int64_t *flat = NEW(int64_t, n), *nobs = NEW(int64_t, n_flat), *run_s = NEW(int64_t, n_flat);
+  double *excess = NEW(double, n), *sigma = NEW(double, n), *thr = NEW(double, n);
+  double *lx = NEW(double, n_flat * learn), *lsig = NEW(double, n_flat * learn);
+  double *base = NEW(double, n_flat), *cus = NEW(double, n_flat), *last_z = NEW(double, n_flat);
+  double *run_at = NEW(double, n_flat * 4), *cus_at = NEW(double, n_flat * 4);
+  double *resid = NEW(double, n), *f_s = NEW(double, n), *f_z1 = NEW(double, n);
+  double *f_carried = NEW(double, 8 * n), *fz = NEW(double, 4 * n_flat), *tmp = NEW(double, learn);
+  int64_t *f_cs = NEW(int64_t, n), *fs = NEW(int64_t, 4 * n_flat), *sorted_seq = NEW(int64_t, n);
+  uint8_t *okf = NEW(uint8_t, n), *head = NEW(uint8_t, n);
+  for (int64_t i = 0; i < n; i++) {
+    okf[i] = (uint8_t)(pick(6) != 0);
+    flat[i] = wild && !pick(40) ? index_like(n_flat) : pick(n_flat);
+    sorted_seq[i] = wild && !pick(30) ? int_like() : i;
+    excess[i] = pick(20) ? (double)pick(2000) - 500.0 : time_like();
+    sigma[i] = pick(20) ? 1.0 + (double)pick(100) : time_like();
+    thr[i] = pick(20) ? 6.0 * sigma[i] : time_like();
+  }
+  for (int64_t f = 0; f < n_flat; f++) {
+    nobs[f] = pick(3) ? pick(learn + 2) : int_like() & 0xff;
+    run_s[f] = pick(4);
+    cus[f] = pick(2) ? 0.0 : (double)pick(20);
+    base[f] = (double)pick(100) - 50.0;
+    last_z[f] = (double)pick(10);
+  }
+  for (int64_t k = 0; k < n_flat * learn; k++) lx[k] = lsig[k] = pick(5) ? (double)pick(50) : NAN;
+  for (int64_t k = 0; k < n_flat * 4; k++) run_at[k] = cus_at[k] = -1.0;
+  got = rwd_slot_state(n, flat, n_flat, okf, sorted_seq, excess, sigma, thr, learn, 6.0, 1.5,
+                       1 + pick(3), 15.0, nobs, lx, lsig, base, run_s, cus, run_at, cus_at,
+                       last_z, comm, func, arrival, resid, flags, head, f_rec, f_run, f_s,
+                       f_start, f_cs, f_z1, f_carried, fs, fz, tmp);
+  good &= ok(got) && got <= n;
+  good &= wild || got >= 0; /* in range and in order: never declined */
+  free(rproc); free(ridx); free(run_st); free(miss_st); free(tail); free(f_rec); free(f_run); free(f_start);
+  free(rkey); free(rgap); free(rcount); free(hit); free(pair); free(flat); free(nobs);
+  free(run_s); free(excess); free(sigma); free(thr); free(lx); free(lsig); free(base); free(cus);
+  free(last_z); free(run_at); free(cus_at); free(resid); free(f_s); free(f_z1); free(f_carried);
+  free(fz); free(tmp); free(f_cs); free(fs); free(sorted_seq); free(okf); free(head);
 
   /* replay over those instances, prev pointing back (sometimes forward) */
   if (n_inst > 0) {

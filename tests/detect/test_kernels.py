@@ -13,10 +13,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from detect_scenarios import SUITE, simulate_scenario
+from detect_scenarios import SUITE, Extra, Scenario, simulate_scenario
 
 from rankwatch.align import align
-from rankwatch.detect import Topology, detect, kernels
+from rankwatch.detect import Topology, detect, kernels, straggler
 from rankwatch.detect.prepare import KEEP, Preparer
 from rankwatch.detect.robust import cusum_lazy
 from rankwatch.detect.source import windows
@@ -205,15 +205,15 @@ def test_several_culprits_cost_the_same_with_and_without_kernels(
     assert len(stragglers) >= 2 and any(f["cost_s"] > 0 for f in stragglers)
 
 
-@pytest.mark.parametrize("dense", [True, False])
-def test_cusum_is_the_same_doubles_as_numpy(monkeypatch, dense: bool) -> None:
+@pytest.mark.parametrize("gapped", [False, True])
+def test_cusum_is_the_same_doubles_as_numpy(monkeypatch, gapped: bool) -> None:
     """Clipped z steps of many groups with carried sums, excursions reaching 0
     exactly and not: S, and where each excursion began, identical."""
     rng = np.random.default_rng(3)
     n_groups = 300
     sizes = rng.integers(1, 40, n_groups)
     group = np.repeat(np.arange(n_groups), sizes)
-    if not dense:  # group ids with gaps (not their own index)
+    if gapped:  # group ids with gaps (not their own index)
         group = group * 3 + 1
     step = np.minimum(rng.standard_t(2, len(group)), 8.0) - 0.5
     step[rng.random(len(group)) < 0.1] = -0.5  # plain misses: S drops to 0 exactly
@@ -222,7 +222,7 @@ def test_cusum_is_the_same_doubles_as_numpy(monkeypatch, dense: bool) -> None:
     got = {}
     for native in ("1", "0"):
         monkeypatch.setenv("RANKWATCH_NATIVE", native)
-        s, began_at = cusum_lazy(step, group, carry, dense=dense)
+        s, began_at = cusum_lazy(step, group, carry)
         got[native] = (s, began_at(at))
     assert np.array_equal(got["1"][0], got["0"][0]) and np.array_equal(got["1"][1], got["0"][1])
     assert (got["1"][0] == 0).any() and (got["1"][0] > 0).any()
@@ -259,3 +259,118 @@ def test_instances_match_numpy_however_numbered(monkeypatch) -> None:
     assert np.array_equal(me_f, me_r, equal_nan=True) and np.array_equal(them_f, them_r)
     assert (them_r[:, 0] == -1).any() and (them_r[:, 0] >= 0).any()
     assert np.isnan(me_r[:, 2]).any()
+
+
+class _BothWays:
+    """The straggler detector's per-(rank, slot) state (_slot_state) and per-rank
+    runs (_rank_persistence) computed at every batch by the kernels and by NumPy
+    from the same state: outputs and the state carried on must be equal (the
+    records that may fire compared as sets: the kernel lists them in stream
+    order, NumPy by slot)."""
+
+    FIRED = ("rec", "run", "s", "run_start", "cusum_start", "z1", "carried")
+
+    def __init__(self, monkeypatch) -> None:
+        self.batches = self.candidates = self.rank_fired = self.heads = 0
+        self.slot_state = straggler.StragglerDetector._slot_state
+        self.rank = straggler.StragglerDetector._rank_persistence
+        cls = straggler.StragglerDetector  # as methods: the detector comes first
+        monkeypatch.setattr(cls, "_slot_state", lambda det, *a: self._slot(det, *a))
+        monkeypatch.setattr(cls, "_rank_persistence", lambda det, *a: self._rank(det, *a))
+
+    @staticmethod
+    def _numpy(fn, *args):
+        lib = kernels.library
+        kernels.library = lambda: None
+        try:
+            return fn(*args)
+        finally:
+            kernels.library = lib
+
+    def _slot(self, det, r, excess, sigma, thr, ok):
+        arrays = det.grid.arrays
+        before = {k: a.copy() for k, a in arrays.items()}
+        fast = self.slot_state(det, r, excess, sigma, thr, ok)
+        fast_state = {k: a.copy() for k, a in arrays.items()}
+        for k, a in arrays.items():
+            a[...] = before[k]
+        ref = self._numpy(self.slot_state, det, r, excess, sigma, thr, ok)
+        for k in ("resid", "hit", "head"):
+            assert _same(fast[k], ref[k]), k
+        fo, ro = np.argsort(fast["rec"], kind="stable"), np.argsort(ref["rec"], kind="stable")
+        for k in self.FIRED:
+            assert _same(fast[k][fo], ref[k][ro]), k
+        for k, a in arrays.items():
+            assert _same(fast_state[k], a), k
+        self.batches += 1
+        self.candidates += len(ref["rec"])
+        self.heads += int(ref["head"].sum())
+        return ref
+
+    def _rank(self, det, r, judged, hit):
+        before = (det.prun.copy(), det.miss.copy(), det.prun_at.copy())
+        fast = self.rank(det, r, judged, hit)
+        fast_state = (det.prun.copy(), det.miss.copy(), det.prun_at.copy())
+        det.prun[...], det.miss[...], det.prun_at[...] = before
+        ref = self._numpy(self.rank, det, r, judged, hit)
+        for a, b in zip(fast + fast_state, ref + (det.prun, det.miss, det.prun_at), strict=True):
+            assert _same(a, b)
+        self.rank_fired += len(ref[0])
+        return ref
+
+
+_STRAGGLER_JOBS = {
+    "host_and_gpu_8": Scenario(
+        "host_and_gpu_8",
+        SimConfig(ranks=8, hosts=2, steps=300, tp=2, seed=21, slow=SlowFault(3, 120, "host", 2000)),
+        Extra(slow=(SlowFault(6, 200, "gpu", 1500),)),
+    ),
+    "heavy_noise_16": Scenario(
+        "heavy_noise_16",
+        SimConfig(ranks=16, hosts=2, steps=250, tp=4, seed=22, slow=SlowFault(9, 100, "gpu", 2000)),
+        Extra(heavy_noise=True),
+    ),
+    "two_ranks": Scenario(
+        "two_ranks", SimConfig(ranks=2, steps=400, seed=8, slow=SlowFault(1, 150, "gpu", 3000))
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(_STRAGGLER_JOBS))
+def test_straggler_state_matches_numpy_batch_by_batch(
+    name: str, tmp_path: Path, monkeypatch
+) -> None:
+    simulate_scenario(_STRAGGLER_JOBS[name], tmp_path / name)
+    run = ingest([tmp_path / name]).run()
+    align(run)
+    both = _BothWays(monkeypatch)
+    found = detect(run, batch=400)
+    assert both.batches > 5 and both.heads > 0 and both.candidates > 0
+    assert any(f.kind == "straggler" for f in found)
+
+
+def test_straggler_kernels_decline_without_changing_state() -> None:
+    """A (rank, slot) whose ops come out of seq order, or an index out of range:
+    declined (None) before any state changed, for NumPy to do the batch."""
+    state = {k: np.zeros((2, 4) if k in ("nobs", "run", "cusum", "base", "last_z") else (2, 4, 4))
+             for k in kernels.SLOT_STATE}  # fmt: skip
+    for k in ("nobs", "run"):
+        state[k] = state[k].astype(np.int64)
+    state["nobs"][:] = 9  # past learning: every record would change run and cusum
+    n = 3
+    cols = {"flat": np.array([1, 1, 2]), "ok": np.ones(n, bool), "seq": np.array([5, 3, 1]),
+            "excess": np.full(n, 1e6), "sigma": np.ones(n), "thr": np.ones(n),
+            "comm": np.zeros(n), "func": np.zeros(n), "arrival_c": np.zeros(n)}  # fmt: skip
+    before = {k: a.copy() for k, a in state.items()}
+    assert kernels.slot_state(cols, state, 4, 6.0, 1.5, 2, 15.0) is None
+    cols["seq"] = np.array([3, 5, 1])
+    cols["flat"] = np.array([1, 1, 99])
+    assert kernels.slot_state(cols, state, 4, 6.0, 1.5, 2, 15.0) is None
+    assert all(np.array_equal(before[k], state[k]) for k in state)
+    cols["flat"] = np.array([1, 1, 2])
+    got = kernels.slot_state(cols, state, 4, 6.0, 1.5, 2, 15.0)
+    assert got is not None and got["hit"].all() and state["run"][0, 1] == 2
+    run, miss = np.zeros(2, np.int64), np.zeros(2, np.int64)
+    args = (np.array([0, 5]), np.array([0, 1]), np.zeros(2), np.ones(2, bool), np.zeros(2, bool))
+    assert kernels.rank_runs(*args, 2, 2, run, miss) is None  # record 5 of 2
+    assert run.tolist() == [0, 0] and miss.tolist() == [0, 0]

@@ -30,15 +30,17 @@ _F64 = np.float64
 
 
 def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
-    p, i64 = ctypes.c_void_p, ctypes.c_int64
+    p, i64, f64 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_double
     sigs = {
         "rwd_stale": [i64, p, i64, p, p, p, p, i64, p, p, p, p],
         "rwd_gaps": [i64, p, i64, p, p, p, p, p, p, p, p, p, p, p],
         "rwd_op_index": [i64, p, p, i64, p, i64, p, p, p, i64, p, p, p, p],
         "rwd_replay": [i64, p, i64, p, p, p, p, p, p],
         "rwd_instances": [i64, p, p, p, p, i64, p, p, p, p, p, p],
-        "rwd_cusum": [i64, p, p, p, i64, p, i64, p, p, p, p],
+        "rwd_cusum": [i64, p, p, p, i64, p, p, p, p],
         "rwd_columns": [i64, p, p, p, p, p, p, i64, i64, p, p, p, p, p, p, p, p, p, p, p],
+        "rwd_rank_runs": [i64, p, i64, p, i64, p, p, p, i64, i64, *[p] * 9],
+        "rwd_slot_state": [i64, p, i64, p, p, p, p, p, i64, f64, f64, i64, f64, *[p] * 25],
     }
     for name, argtypes in sigs.items():
         fn = getattr(lib, name)
@@ -210,7 +212,7 @@ def replay(
 
 
 def cusum(
-    step: np.ndarray, group: np.ndarray, carry: np.ndarray, gstart: np.ndarray, dense: bool
+    step: np.ndarray, group: np.ndarray, carry: np.ndarray, gstart: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
     """robust.cusum_lazy's (S, S at 0, latest element at 0 so far), or None."""
     lib = library()
@@ -219,11 +221,10 @@ def cusum(
     n = len(step)
     step, group, gstart = _c(step, _F64), _c(group, _I64), _c(gstart, _I64)
     carry = _c(carry, _F64)
-    s, scratch = np.empty(n), np.empty(n)
-    zero, last_zero = np.empty(n, np.uint8), np.empty(n, _I64)
+    s, zero, last_zero = np.empty(n), np.empty(n, np.uint8), np.empty(n, _I64)
     got = lib.rwd_cusum(
-        n, _ptr(step), _ptr(group), _ptr(carry), len(carry), _ptr(gstart), int(dense),
-        _ptr(scratch), _ptr(s), _ptr(zero), _ptr(last_zero),
+        n, _ptr(step), _ptr(group), _ptr(carry), len(carry), _ptr(gstart),
+        _ptr(s), _ptr(zero), _ptr(last_zero),
     )  # fmt: skip
     return None if got < 0 else (s, zero.view(bool), last_zero)
 
@@ -250,3 +251,83 @@ def instances(
     if got < 0:
         return None
     return inst, int(got), inst_seg[:got], inst_uid[:got], inst_end[:got], prev
+
+
+def rank_runs(
+    idx: np.ndarray,
+    proc: np.ndarray,
+    gstart: np.ndarray,
+    hit: np.ndarray,
+    pair: np.ndarray,
+    need_solo: int,
+    need_pair: int,
+    run_state: np.ndarray,
+    miss_state: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
+    """straggler's runs of late ops per rank in time order (run_state and miss_state
+    updated): (tail start per process: -3 absent, -2 no run, -1 carried, else the
+    record; then per firing op its record, run and start record), or None."""
+    lib = library()
+    if lib is None:
+        return None
+    _check_state(run_state, _I64)
+    _check_state(miss_state, _I64)
+    m, n, n_procs = len(idx), len(proc), len(run_state)
+    idx, proc, gstart = _c(idx, _I64), _c(proc, _I64), _c(gstart, _F64)
+    hit, pair = _c(hit, np.bool_).view(np.uint8), _c(pair, np.bool_).view(np.uint8)
+    tail = np.empty(n_procs, _I64)
+    rec, run, start = np.empty(m, _I64), np.empty(m, _I64), np.empty(m, _I64)
+    key, gap = np.empty(m, _I64), np.empty(m + n_procs, _I64)
+    count = np.empty(n_procs + 1, _I64)
+    got = lib.rwd_rank_runs(
+        m, _ptr(idx), n, _ptr(proc), n_procs, _ptr(gstart), _ptr(hit), _ptr(pair),
+        need_solo, need_pair, _ptr(run_state), _ptr(miss_state), _ptr(tail),
+        _ptr(rec), _ptr(run), _ptr(start), _ptr(key), _ptr(gap), _ptr(count),
+    )  # fmt: skip
+    return None if got < 0 else (tail, rec[:got], run[:got], start[:got])
+
+
+SLOT_STATE = ("nobs", "learn", "learn_sig", "base", "run", "cusum", "run_at", "cusum_at",
+              "last_z")  # fmt: skip
+
+
+def slot_state(
+    cols: dict[str, np.ndarray],
+    state: dict[str, np.ndarray],
+    learn: int,
+    z_clip: float,
+    cusum_k: float,
+    low_run: int,
+    low_s: float,
+) -> dict[str, np.ndarray] | None:
+    """straggler's per-(rank, slot) baseline, runs and CUSUM over a batch (state, the
+    detector's Grid arrays named in SLOT_STATE, updated), or None. cols: flat, ok,
+    seq, excess, sigma, thr, comm, func, arrival_c. Returns resid, hit and head per
+    record, and per firing record rec, run, s, run_start, cusum_start, z1 and
+    carried (n x 8)."""
+    lib = library()
+    if lib is None:
+        return None
+    for name in SLOT_STATE:
+        _check_state(state[name], _I64 if name in ("nobs", "run") else _F64)
+    n, n_flat = len(cols["flat"]), state["nobs"].size
+    ints = {k: _c(cols[k], _I64) for k in ("flat", "seq", "comm", "func")}
+    dbls = {k: _c(cols[k], _F64) for k in ("excess", "sigma", "thr", "arrival_c")}
+    ok = _c(cols["ok"], np.bool_).view(np.uint8)
+    out = {"resid": np.empty(n), "hit": np.empty(n, np.uint8), "head": np.empty(n, np.uint8)}
+    fired = {k: np.empty(n, _I64) for k in ("rec", "run")} | {"s": np.empty(n)}
+    fired |= {k: np.empty(n, _I64) for k in ("run_start", "cusum_start")}
+    fired |= {"z1": np.empty(n), "carried": np.empty((n, 8))}
+    fs, fz, tmp = np.empty(4 * n_flat, _I64), np.empty(4 * n_flat), np.empty(learn)
+    st = [state[k] for k in SLOT_STATE]
+    got = lib.rwd_slot_state(
+        n, _ptr(ints["flat"]), n_flat, _ptr(ok), _ptr(ints["seq"]), _ptr(dbls["excess"]),
+        _ptr(dbls["sigma"]), _ptr(dbls["thr"]), learn, z_clip, cusum_k, low_run, low_s,
+        *(_ptr(a) for a in st), _ptr(ints["comm"]), _ptr(ints["func"]), _ptr(dbls["arrival_c"]),
+        *(_ptr(a) for a in out.values()), *(_ptr(a) for a in fired.values()),
+        _ptr(fs), _ptr(fz), _ptr(tmp),
+    )  # fmt: skip
+    if got < 0:
+        return None
+    out["hit"], out["head"] = out["hit"].view(bool), out["head"].view(bool)
+    return out | {k: v[:got] for k, v in fired.items()}

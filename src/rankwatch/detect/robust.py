@@ -138,23 +138,19 @@ def cusum(step: np.ndarray, group: np.ndarray, carry: np.ndarray) -> tuple[np.nd
 
 
 def cusum_lazy(
-    step: np.ndarray,
-    group: np.ndarray,
-    carry: np.ndarray,
-    gstart: np.ndarray | None = None,
-    dense: bool = False,
+    step: np.ndarray, group: np.ndarray, carry: np.ndarray, gstart: np.ndarray | None = None
 ) -> tuple[np.ndarray, Callable[[np.ndarray], np.ndarray]]:
     """cusum, with where each excursion began computed only at the elements asked
     for (callers want it at a few). `gstart`: group_starts(group) when the caller
-    has it; `dense`: group is already 0, 1, 2, ... (its own group index)."""
+    has it."""
     n = len(step)
     if n == 0:
         return np.zeros(0), lambda at: np.zeros(len(at), dtype=np.int64)
     if gstart is None:
         gstart = group_starts(group)
-    got = kernels.cusum(step, group, carry, gstart, dense)
+    got = kernels.cusum(step, group, carry, gstart)
     if got is None:  # no kernels: the same arrays in NumPy
-        got = _cusum_arrays(step, group, carry, gstart, dense)
+        got = _cusum_arrays(step, group, carry, gstart)
     s, zero, last_zero = got
 
     def began_at(at: np.ndarray) -> np.ndarray:
@@ -166,22 +162,45 @@ def cusum_lazy(
 
 
 def _cusum_arrays(
-    step: np.ndarray, group: np.ndarray, carry: np.ndarray, gstart: np.ndarray, dense: bool
+    step: np.ndarray, group: np.ndarray, carry: np.ndarray, gstart: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """cusum_lazy's (S, S at 0, latest element at 0 so far) in NumPy: S_t = C_t -
-    min(min C_k, -carry) from the within-group cumulative sum C, the groups kept
-    apart by an offset of `big` per group in one running minimum."""
+    min(min C_k, -carry) from the within-group cumulative sum C. C and its running
+    minimum are summed and taken group by group in element order (segmented_accumulate),
+    so S is exactly what a loop over each group's elements computes, whatever the
+    other groups hold: the compiled kernels, which visit records in stream order
+    group by group, give the same doubles."""
     idx = np.arange(len(step))
-    total = np.cumsum(step)
-    c = total - (total - step)[gstart]  # within-group cumulative sum C_t
-    gid = group if dense else np.cumsum(gstart == idx) - 1
-    big = 4.0 * (np.abs(c).max() + np.abs(carry).max() + 1.0)
-    low = np.minimum.accumulate(np.minimum(c, -carry[group]) - gid * big) + gid * big
-    s = c - low
-    zero = s <= 1e-9 * big
-    s = np.where(zero, 0.0, s)
+    heads = np.flatnonzero(gstart == idx)
+    c = segmented_accumulate(step, heads, np.add)
+    low = np.minimum(segmented_accumulate(c, heads, np.minimum), -carry[group])
+    s = c - low  # low <= c: at 0 exactly where C is at its minimum (or at -carry)
+    zero = s <= 0.0
+    s[zero] = 0.0
     last_zero = np.maximum.accumulate(np.where(zero, idx, -1))
     return s, zero, last_zero
+
+
+def segmented_accumulate(x: np.ndarray, heads: np.ndarray, ufunc: np.ufunc) -> np.ndarray:
+    """ufunc.accumulate within each segment of x (segments begin at `heads`,
+    ascending, the first at 0), element by element in order as a loop would.
+    Segments of like length (to the next power of two) are stacked as the rows of
+    one 2-D array, padded at their ends, and accumulated along the rows: a
+    handful of NumPy calls whatever the number of segments."""
+    out = np.empty(len(x))
+    if not len(x):
+        return out
+    length = np.diff(heads, append=len(x))
+    width = np.left_shift(1, np.ceil(np.log2(length)).astype(np.int64))
+    for w in np.unique(width).tolist():
+        rows = np.flatnonzero(width == w)
+        cols = np.arange(w)
+        at = heads[rows, None] + cols
+        inside = cols < length[rows, None]
+        block = x[np.where(inside, at, 0)]
+        done = ufunc.accumulate(block, axis=1)
+        out[at[inside]] = done[inside]
+    return out
 
 
 def nanmax(a: np.ndarray) -> float:

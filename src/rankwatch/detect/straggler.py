@@ -42,6 +42,7 @@ import bisect
 
 import numpy as np
 
+from rankwatch.detect import kernels
 from rankwatch.detect.base import Config, Context, Culprit, Window
 from rankwatch.detect.cohorts import Cohorts
 from rankwatch.detect.grid import Grid
@@ -208,6 +209,11 @@ def _inlier_ewma_walk(
             cur += alpha * (float(x[i]) - cur)
             post[i] = cur
     return post
+
+
+def _record_at(order: np.ndarray, pos: np.ndarray) -> np.ndarray:
+    """The records at positions `pos` of `order`; negative positions kept (codes)."""
+    return np.where(pos >= 0, order[np.maximum(pos, 0)] if len(order) else pos, pos)
 
 
 def _last(group: np.ndarray) -> np.ndarray:
@@ -401,10 +407,10 @@ class StragglerDetector:
             self.sig_slot = np.r_[self.sig_slot, grow]
             self.pair_sig = np.r_[self.pair_sig, grow]
         excess, sg, n_sg, sigma, ref, ok = self._cohort_stats(c)
-        resid = self._baseline(r, excess, sigma, ok)
-        judged = np.isfinite(resid)
         floor = np.maximum(cfg.hit_ns, cfg.rel_hit * np.abs(np.nan_to_num(ref)))[sg]
-        hit = judged & (resid > np.maximum(cfg.z_hit * sigma, floor))
+        slots = self._slot_state(r, excess, sigma, np.maximum(cfg.z_hit * sigma, floor), ok)
+        resid, hit = slots["resid"], slots["hit"]
+        judged = np.isfinite(resid)
         excess_h = self._host_excess(r, sg, n_sg, ok, hit)
         host = hit & (excess_h >= cfg.host_share * excess)
         z = resid / sigma
@@ -414,7 +420,7 @@ class StragglerDetector:
         np.add.at(self.votes[:, 0], r.proc[host], 1)
         np.add.at(self.votes[:, 1], r.proc[hit & ~host], 1)
         self._slot_cause(r, hit, host, resid)
-        at_slot, onset_slot = self._slot_persistence(r, judged, hit, z)
+        at_slot, onset_slot = self._slot_fired(r, slots, judged, z)
         at_rank, onset_rank = self._rank_persistence(r, judged, hit)
         fired, onset = _merge_fired(
             np.r_[at_slot, at_rank], np.concatenate([onset_slot, onset_rank])
@@ -622,6 +628,36 @@ class StragglerDetector:
         return out
 
     # ------------------------------------------------------------------ baseline
+    def _slot_state(self, r: Recs, excess, sigma, thr, ok) -> dict[str, np.ndarray]:
+        """Per (rank, slot): the residual over its baseline (_baseline), whether it is
+        late (over thr), and its runs and CUSUM (_slot_runs): resid, hit and head
+        (a late op that begins a run) per record, and the records that may fire
+        with their runs, sums and onsets. One pass in the compiled kernel when the
+        batch gives each (rank, slot)'s ops in seq order, else in NumPy (the same
+        numbers: tests/detect/test_kernels.py)."""
+        g, cfg = self.grid, self.ctx.config
+        low_run, low_s = self._low()
+        cols = {"flat": r.proc.astype(np.int64) * g.width + r.slot, "ok": ok, "seq": r.seq,
+                "excess": excess, "sigma": sigma, "thr": thr, "comm": r.comm,
+                "func": r.func, "arrival_c": r.arrival_c}  # fmt: skip
+        state = {k: g[k] for k in kernels.SLOT_STATE}
+        got = kernels.slot_state(
+            cols, state, cfg.learn, cfg.cusum_clip, cfg.cusum_k, low_run, low_s
+        )
+        if got is not None:
+            return got
+        resid = self._baseline(r, excess, sigma, ok)
+        judged = np.isfinite(resid)
+        hit = judged & (resid > thr)
+        return self._slot_runs(r, judged, hit, resid / sigma) | {"resid": resid, "hit": hit}
+
+    def _low(self) -> tuple[int, float]:
+        """What may fire: the lower of the pair and non-pair thresholds of a run and
+        of the CUSUM (_slot_fired applies the exact test)."""
+        cfg = self.ctx.config
+        low_run = min(cfg.persist, cfg.pair_persist, 2 if cfg.chance_runs > 0 else cfg.persist)
+        return low_run, min(cfg.cusum_h, 2 * cfg.cusum_h)
+
     def _baseline(self, r: Recs, excess, sigma, ok) -> np.ndarray:
         """Residual over the (proc, slot) baseline; NaN while that baseline is learned.
 
@@ -629,7 +665,7 @@ class StragglerDetector:
         by two standard errors: only a consistent offset is taken as normal."""
         g, learn = self.grid, self.ctx.config.learn
         order, flat = _slot_order(r, np.flatnonzero(ok), g.width)
-        self._order = (order, flat)  # reused by _slot_persistence
+        self._order = (order, flat)  # reused by _slot_runs
         nobs = g["nobs"].reshape(-1)  # a view: [proc, slot] at proc * width + slot
         start = group_starts(flat)
         k = nobs[flat] + (np.arange(len(flat)) - start)
@@ -653,9 +689,12 @@ class StragglerDetector:
         return resid
 
     # ------------------------------------------------------------------ persistence
-    def _slot_persistence(self, r: Recs, judged, hit, z) -> tuple[np.ndarray, np.ndarray]:
-        """Runs of hits and a CUSUM per (proc, slot): the records that fired, and the
-        onset (seq, ns, comm, func) of the run or excursion each ends."""
+    def _slot_runs(self, r: Recs, judged, hit, z) -> dict[str, np.ndarray]:
+        """Runs of hits and a CUSUM per (proc, slot), in NumPy (the kernel's
+        reference): head per record, and for the records that may fire (_low)
+        their run, S, where the run and the excursion began (a record; -1: in an
+        earlier batch, whose onset is in `carried`; -2: S is 0), the z of the op
+        before at the slot (z1) and the slot's carried onsets (run, then CUSUM)."""
         g, cfg = self.grid, self.ctx.config
         order, flat = self._order  # the baseline's (proc, slot, seq) order, judged ones
         keep = judged[order]
@@ -671,8 +710,23 @@ class StragglerDetector:
         run, started = run_lengths(hit[order], grp, g_run[uniq], gstart)
         # z is finite here (judged: a finite residual over a sigma of at least its floor)
         step = np.minimum(z[order], cfg.cusum_clip) - cfg.cusum_k
-        s, began_at = cusum_lazy(step, grp, g_cusum[uniq], gstart, dense=True)
+        s, began_at = cusum_lazy(step, grp, g_cusum[uniq], gstart)
         carried_run, carried_cusum = g_run_at[uniq], g_cusum_at[uniq]  # copies
+        low_run, low_s = self._low()
+        fired = np.flatnonzero((run >= low_run) | (s >= low_s))
+        head = np.zeros(len(r), dtype=bool)
+        head[order] = hit[order] & (run == 1)  # late ops not following one at their slot
+        before = np.maximum(fired - 1, 0)
+        out = {
+            "head": head,
+            "rec": order[fired],
+            "run": run[fired],
+            "s": s[fired],
+            "run_start": _record_at(order, started[fired]),
+            "cusum_start": _record_at(order, began_at(fired)),
+            "z1": np.where(gstart[fired] < fired, z[order[before]], g_last_z[uniq[grp[fired]]]),
+            "carried": np.c_[carried_run[grp[fired]], carried_cusum[grp[fired]]],
+        }
         g_run[uniq], g_cusum[uniq] = run[last], s[last]
         g_run_at[uniq] = np.where(
             run[last, None] > 0, _onsets(r, order, started[last], carried_run), -1.0
@@ -680,67 +734,71 @@ class StragglerDetector:
         g_cusum_at[uniq] = np.where(
             s[last, None] > 0, _onsets(r, order, began_at(last), carried_cusum), -1.0
         )
-        # what may fire (the lower of the pair and non-pair thresholds), then the exact test
-        low_run = min(cfg.persist, cfg.pair_persist, 2 if cfg.chance_runs > 0 else cfg.persist)
-        low_s = min(cfg.cusum_h, 2 * cfg.cusum_h)
-        fired = np.flatnonzero((run >= low_run) | (s >= low_s))
-        pair = self._pair[order[fired]]
-        need = np.where(pair, cfg.pair_persist, cfg.persist)
-        chance = np.full(len(fired), np.nan)
-        heads = hit[order] & (run == 1)  # late ops not following one at their slot
-        two = np.flatnonzero((run[fired] == 2) & ~pair & ~r.p2p[order[fired]])
-        if len(two) and cfg.persist > 2:
-            # the run's first late op: the one before, or the last of the previous batch
-            i = fired[two]
-            z1 = np.where(gstart[i] < i, z[order[np.maximum(i - 1, 0)]], g_last_z[uniq[grp[i]]])
-            few, chance[two] = self._few_chance(r, order, heads, z, i, z1, z[order[i]])
-            need[two] = np.where(few, 2, cfg.persist)
-        self._count_chance(r, order, heads, z)
         g_last_z[uniq] = np.where(run[last] > 0, z[order[last]], 0.0)
-        by_run = run[fired] >= need
-        by_s = s[fired] >= np.where(pair, 2 * cfg.cusum_h, cfg.cusum_h)
-        keep = by_run | by_s
-        fired, by_run, chance = fired[keep], by_run[keep], chance[keep]
-        if not len(fired):
+        return out
+
+    def _slot_fired(
+        self, r: Recs, slots: dict[str, np.ndarray], judged, z
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """The records that fired at their slot (a run or the CUSUM, see _slot_state)
+        and the onset (seq, ns, comm, func) of the run or excursion each ends."""
+        cfg = self.ctx.config
+        rec, run, s = slots["rec"], slots["run"], slots["s"]
+        judged_rec, head_rec = np.flatnonzero(judged), np.flatnonzero(slots["head"])
+        pair = self._pair[rec]
+        need = np.where(pair, cfg.pair_persist, cfg.persist)
+        chance = np.full(len(rec), np.nan)
+        two = np.flatnonzero((run == 2) & ~pair & ~r.p2p[rec])
+        if len(two) and cfg.persist > 2:
+            at = rec[two]
+            few, chance[two] = self._few_chance(
+                r, judged_rec, head_rec, z, at, slots["z1"][two], z[at]
+            )
+            need[two] = np.where(few, 2, cfg.persist)
+        self._count_chance(r, judged_rec, head_rec, z)
+        by_run = run >= need
+        by_s = s >= np.where(pair, 2 * cfg.cusum_h, cfg.cusum_h)
+        keep = np.flatnonzero(by_run | by_s)
+        if not len(keep):
             return _NONE_FIRED
-        at_run = _onsets(r, order, started[fired], carried_run[grp[fired]])
-        at_cusum = _onsets(r, order, began_at(fired), carried_cusum[grp[fired]])
+        by_run, carried = by_run[keep], slots["carried"][keep]
+        at_run = _onsets_at(r, slots["run_start"][keep], carried[:, :4])
+        at_cusum = _onsets_at(r, slots["cusum_start"][keep], carried[:, 4:])
         onset = np.where(by_run[:, None], at_run, at_cusum)
-        how = np.where(by_run, run[fired], BY_CUSUM)
-        return order[fired], _fired_rows(onset, how, np.where(by_run, chance, np.nan))
+        how = np.where(by_run, run[keep], BY_CUSUM)
+        return rec[keep], _fired_rows(onset, how, np.where(by_run, chance[keep], np.nan))
 
     def _few_chance(
         self,
         r: Recs,
-        order: np.ndarray,
-        heads: np.ndarray,
+        judged_rec: np.ndarray,
+        head_rec: np.ndarray,
         z: np.ndarray,
         at: np.ndarray,
         z1: np.ndarray,
         z2: np.ndarray,
     ) -> tuple[np.ndarray, np.ndarray]:
-        """Whether two late steps in a row at the slot of each record order[at] (the
+        """Whether two late steps in a row at the slot of each record `at` (the
         second, of z z2; the first of z z1) are unlikely to be chance, by the ops of
-        its kind before its cohort: N judged, and the late ops that began a run at
-        their slot by how late (CHANCE_BINS), this pair's first among them. Two late
-        ops in a row by chance at least as late as the smaller of the two and as
-        alike in size are expected _chance_pairs / N times; while that is at most
-        chance_runs they are unlikely (Config). Counted per kind in sequence order,
-        earlier batches' records carried, so the answer does not depend on how the
-        stream was cut. Also returns the chance pairs expected."""
+        its kind before its cohort: N judged (of judged_rec here), and the late ops
+        that began a run at their slot (head_rec here) by how late (CHANCE_BINS),
+        this pair's first among them. Two late ops in a row by chance at least as
+        late as the smaller of the two and as alike in size are expected
+        _chance_pairs / N times; while that is at most chance_runs they are
+        unlikely (Config). Counted per kind in sequence order, earlier batches'
+        records carried, so the answer does not depend on how the stream was cut.
+        Also returns the chance pairs expected."""
         # a collective's cohort key is its kind's code above SEQ_BITS and its seq below
         # (prepare.cohort_keys): the records of a kind before a cohort are a key range
-        key = r.key[order]
-        k_all = np.sort(key)
-        h_idx = np.flatnonzero(heads)
-        h_idx = h_idx[np.argsort(key[h_idx], kind="stable")]
-        h_key, h_bin = key[h_idx], _chance_bin(z[order[h_idx]])
-        kind = self._kinds(r.sym[order[at]].astype(np.int64))
+        k_all = np.sort(r.key[judged_rec])
+        h_rec = head_rec[np.argsort(r.key[head_rec], kind="stable")]
+        h_key, h_bin = r.key[h_rec], _chance_bin(z[h_rec])
+        kind = self._kinds(r.sym[at].astype(np.int64))
         b1s, b2s = _chance_bin(z1).tolist(), _chance_bin(z2).tolist()
         out = np.zeros(len(at), dtype=bool)
         expect = np.full(len(at), np.inf)
-        for j, i in enumerate(at.tolist()):
-            c, k = int(kind[j]), int(key[i])
+        for j, k in enumerate(r.key[at].tolist()):
+            c = int(kind[j])
             lo = (k >> SEQ_BITS) << SEQ_BITS
             n = int(self.kind_n[c]) + int(np.searchsorted(k_all, k) - np.searchsorted(k_all, lo))
             a, e = np.searchsorted(h_key, lo), np.searchsorted(h_key, k)
@@ -764,19 +822,18 @@ class StragglerDetector:
             )
         return self.kind_of[sym]
 
-    def _count_chance(self, r: Recs, order: np.ndarray, heads: np.ndarray, z: np.ndarray) -> None:
+    def _count_chance(self, r: Recs, judged_rec, head_rec, z: np.ndarray) -> None:
         """Judged records, and late ops that began a run by how late, per kind (for
         _few_chance). Counted per sym code first: one bincount, no per-record lookup."""
-        if not len(order):
+        if not len(judged_rec):
             return
-        per_sym = np.bincount(r.sym[order])
+        per_sym = np.bincount(r.sym[judged_rec])
         present = np.flatnonzero(per_sym)
         kinds = self._kinds(present)  # may grow kind_n: before indexing it
         self.kind_n[kinds] += per_sym[present]
-        if heads.any():
-            h = order[heads]
-            kind = self._kinds(r.sym[h].astype(np.int64))
-            np.add.at(self.kind_hist, (kind, _chance_bin(z[h])), 1)
+        if len(head_rec):
+            kind = self._kinds(r.sym[head_rec].astype(np.int64))
+            np.add.at(self.kind_hist, (kind, _chance_bin(z[head_rec])), 1)
 
     def _rank_persistence(self, r: Recs, judged, hit) -> tuple[np.ndarray, np.ndarray]:
         """Runs of consecutive hits per rank over its ops in time order: as
@@ -784,6 +841,13 @@ class StragglerDetector:
         cfg = self.ctx.config
         idx = np.flatnonzero(judged)
         pair_ops = cfg.pair_persist_ops or np.iinfo(np.int64).max
+        if cfg.persist_ops > 0 and pair_ops > 0:
+            got = kernels.rank_runs(
+                idx, r.proc, r.gstart_c, hit, self._pair, cfg.persist_ops, pair_ops,
+                self.prun, self.miss,
+            )  # fmt: skip
+            if got is not None:
+                return self._rank_fired(r, *got)
         keys = _time_keys(r, idx) if cfg.persist_ops > 0 and pair_ops > 0 else None
         if keys is None:
             return self._rank_persistence_sorted(r, idx, hit)
@@ -810,6 +874,19 @@ class StragglerDetector:
             return _NONE_FIRED
         onset = _onsets_at(r, h_start[fired], carried[h_proc[fired]])
         return h_rec[fired], _fired_rows(onset, BY_RANK_RUN, np.nan)
+
+    def _rank_fired(self, r: Recs, tail, rec, run, start) -> tuple[np.ndarray, np.ndarray]:
+        """_rank_persistence from the kernel's runs (prun and miss updated there): each
+        rank's carried onset, and the records that fired with theirs."""
+        present = np.flatnonzero(tail > -3)
+        carried = self.prun_at.copy()
+        going = present[tail[present] >= -1]
+        self.prun_at[present[tail[present] == -2]] = -1.0
+        self.prun_at[going] = _onsets_at(r, tail[going], carried[going])
+        if not len(rec):
+            return _NONE_FIRED
+        onset = _onsets_at(r, start, carried[r.proc[rec]])
+        return rec, _fired_rows(onset, BY_RANK_RUN, np.nan)
 
     def _rank_persistence_sorted(
         self, r: Recs, idx: np.ndarray, hit
