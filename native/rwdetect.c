@@ -673,3 +673,29 @@ RWD_EXPORT int64_t rwd_slot_state(
   }
   return fired;
 }
+
+/* blame._top_two: per contiguous instance k (records start[k] to start[k + 1],
+ * the last to n), the first record holding its largest g (last) and the first
+ * other record holding the largest of the others' values when that is finite
+ * (second; else last again). g has no NaN (the caller's nan_to_num). */
+RWD_EXPORT int64_t rwd_top_two(int64_t n_inst, const int64_t *start, int64_t n, const double *g,
+                               int64_t *last, int64_t *second) {
+  for (int64_t k = 0; k < n_inst; k++) {
+    int64_t end = k + 1 < n_inst ? start[k + 1] : n;
+    if (!in_range(start[k], n) || end <= start[k] || end > n) return RWD_RANGE;
+  }
+  for (int64_t k = 0; k < n_inst; k++) {
+    int64_t a = start[k], b = k + 1 < n_inst ? start[k + 1] : n, top = a, next = -1;
+    for (int64_t j = a + 1; j < b; j++)
+      if (g[j] > g[top]) top = j;
+    double m = -INFINITY;
+    for (int64_t j = a; j < b; j++)
+      if (j != top && g[j] > m) {
+        m = g[j];
+        next = j;
+      }
+    last[k] = top;
+    second[k] = next >= 0 && isfinite(m) ? next : top;
+  }
+  return RWD_OK;
+}

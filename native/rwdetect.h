@@ -58,6 +58,8 @@ int64_t rwd_slot_state(int64_t n, const int64_t *flat, int64_t n_flat, const uin
                        int64_t *f_run, double *f_s, int64_t *f_run_start,
                        int64_t *f_cusum_start, double *f_z1, double *f_carried,
                        int64_t *fs, double *fz, double *tmp);
+int64_t rwd_top_two(int64_t n_inst, const int64_t *start, int64_t n, const double *g,
+                    int64_t *last, int64_t *second);
 
 #ifdef __cplusplus
 }

@@ -220,6 +220,17 @@ static int one_round(int64_t n) {
   free(last_z); free(run_at); free(cus_at); free(resid); free(f_s); free(f_z1); free(f_carried);
   free(fz); free(tmp); free(f_cs); free(fs); free(sorted_seq); free(okf); free(head);
 
+  /* the two latest records of each instance: starts mostly ascending */
+  int64_t n_two = pick(n + 1);
+  int64_t *two_start = NEW(int64_t, n_two), *two_last = NEW(int64_t, n_two);
+  int64_t *two_second = NEW(int64_t, n_two);
+  for (int64_t k = 0, at = 0; k < n_two; k++) {
+    two_start[k] = pick(40) ? at : index_like(n);
+    at += pick(3);
+  }
+  good &= ok(rwd_top_two(n_two, two_start, n, gstart, two_last, two_second));
+  free(two_start); free(two_last); free(two_second);
+
   /* replay over those instances, prev pointing back (sometimes forward) */
   if (n_inst > 0) {
     int64_t *starts = NEW(int64_t, n_inst), *prevq = NEW(int64_t, n);

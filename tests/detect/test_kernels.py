@@ -16,7 +16,7 @@ import pytest
 from detect_scenarios import SUITE, Extra, Scenario, simulate_scenario
 
 from rankwatch.align import align
-from rankwatch.detect import Topology, detect, kernels, straggler
+from rankwatch.detect import Topology, blame, detect, kernels, straggler
 from rankwatch.detect.prepare import KEEP, Preparer
 from rankwatch.detect.robust import cusum_lazy
 from rankwatch.detect.source import windows
@@ -374,3 +374,23 @@ def test_straggler_kernels_decline_without_changing_state() -> None:
     args = (np.array([0, 5]), np.array([0, 1]), np.zeros(2), np.ones(2, bool), np.zeros(2, bool))
     assert kernels.rank_runs(*args, 2, 2, run, miss) is None  # record 5 of 2
     assert run.tolist() == [0, 0] and miss.tolist() == [0, 0]
+
+
+def test_top_two_matches_numpy(monkeypatch) -> None:
+    """The latest and second-latest record of each instance: ties (the first wins),
+    one-record instances, -inf (a GPU start never seen) and +inf, as NumPy finds them."""
+    rng = np.random.default_rng(9)
+    sizes = rng.integers(1, 9, 400)
+    start = np.cumsum(sizes) - sizes
+    g = rng.integers(0, 6, sizes.sum()).astype(float)  # few values: many ties
+    g[rng.random(len(g)) < 0.1] = -np.inf
+    g[rng.random(len(g)) < 0.02] = np.inf
+    inst = np.repeat(np.arange(len(sizes)), sizes)
+    got = {}
+    for native in ("1", "0"):
+        monkeypatch.setenv("RANKWATCH_NATIVE", native)
+        got[native] = blame._top_two(g, inst, start)
+    assert all(np.array_equal(a, b) for a, b in zip(got["1"], got["0"], strict=True))
+    last, second = got["1"]
+    assert (second == last).any() and (second != last).any()
+    assert kernels.top_two(g, np.array([0, 5, 3])) is None  # instances out of order

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from rankwatch.detect import kernels
 from rankwatch.detect.base import Context, Window
 from rankwatch.detect.cohorts import Cohorts
 from rankwatch.detect.robust import run_heads, stable_order
@@ -160,6 +161,9 @@ def _top_two(g: np.ndarray, inst: np.ndarray, start: np.ndarray) -> tuple[np.nda
     latest itself when an instance has one record), without sorting: the first
     record of each instance that holds its largest value, then the first that holds
     the largest of the others."""
+    got = kernels.top_two(g, start)
+    if got is not None:
+        return got
     top = np.maximum.reduceat(g, start)
     last = _first_of_each(np.flatnonzero(g == top[inst]), inst)  # every instance has one
     rest = g.copy()

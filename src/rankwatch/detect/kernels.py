@@ -40,6 +40,7 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
         "rwd_cusum": [i64, p, p, p, i64, p, p, p, p],
         "rwd_columns": [i64, p, p, p, p, p, p, i64, i64, p, p, p, p, p, p, p, p, p, p, p],
         "rwd_rank_runs": [i64, p, i64, p, i64, p, p, p, i64, i64, *[p] * 9],
+        "rwd_top_two": [i64, p, i64, p, p, p],
         "rwd_slot_state": [i64, p, i64, p, p, p, p, p, i64, f64, f64, i64, f64, *[p] * 25],
     }
     for name, argtypes in sigs.items():
@@ -331,3 +332,14 @@ def slot_state(
         return None
     out["hit"], out["head"] = out["hit"].view(bool), out["head"].view(bool)
     return out | {k: v[:got] for k, v in fired.items()}
+
+
+def top_two(g: np.ndarray, start: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """blame._top_two's (last, second) per contiguous instance, or None."""
+    lib = library()
+    if lib is None:
+        return None
+    g, start = _c(g, _F64), _c(start, _I64)
+    last, second = np.empty(len(start), _I64), np.empty(len(start), _I64)
+    got = lib.rwd_top_two(len(start), _ptr(start), len(g), _ptr(g), _ptr(last), _ptr(second))
+    return None if got < 0 else (last, second)
