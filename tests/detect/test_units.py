@@ -23,6 +23,7 @@ from rankwatch.detect.robust import (
     cusum,
     group_median,
     run_lengths,
+    segmented_accumulate,
     segmented_ewma,
     stable_order,
     trailing_misses,
@@ -64,6 +65,27 @@ def test_run_lengths_carry_across_batches() -> None:
     carry = rng.integers(0, 4, 5)
     run, _ = run_lengths(hit, group, carry)
     assert run.tolist() == _reference_runs(hit.tolist(), group.tolist(), carry.tolist())
+
+
+def test_segmented_accumulate_is_a_loop_per_segment() -> None:
+    """Sums and running minima segment by segment, element by element as a loop
+    takes them (the same doubles, not just close), for segments of every length
+    around the powers of two the rows are padded to."""
+    rng = np.random.default_rng(4)
+    lengths = np.r_[1, 2, 3, 4, 5, 7, 8, 9, 15, 16, 17, 31, 33, rng.integers(1, 70, 40)]
+    heads = np.cumsum(lengths) - lengths
+    x = rng.standard_t(2, int(lengths.sum())) * 10.0 ** rng.integers(-3, 6, int(lengths.sum()))
+    for ufunc, step in ((np.add, lambda a, b: a + b), (np.minimum, min)):
+        got = segmented_accumulate(x, heads, ufunc)
+        want = []
+        for h, n in zip(heads.tolist(), lengths.tolist(), strict=True):
+            acc = x[h]
+            want.append(acc)
+            for v in x[h + 1 : h + n]:
+                acc = step(acc, v)
+                want.append(acc)
+        assert got.tolist() == want
+    assert len(segmented_accumulate(np.zeros(0), np.zeros(0, np.int64), np.add)) == 0
 
 
 def test_cusum_is_the_lindley_recursion_per_group() -> None:
