@@ -29,6 +29,35 @@ def test_analyze_json_has_the_required_keys(sim) -> None:
     assert summary["late_ranks"][0]["world_rank"] == truth(directory)["faults"][0]["rank"]
 
 
+def test_detector_thresholds_are_set_from_the_command_line(sim, tmp_path) -> None:
+    # Given the job whose host straggler the defaults find (the test above)
+    directory = sim("slow_host")
+    # When analysed with thresholds no straggler of a few milliseconds can reach
+    html = tmp_path / "report.html"
+    settings = ("z_hit=1e6", "cusum_h=1e9", "chance_runs=0")
+    args = [a for s in settings for a in ("--detect", s)]
+    result = run_cli("analyze", "--json", str(directory), "--html", str(html), *args)
+    # Then it is not reported, and the output says what the detectors ran with
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(result.stdout)
+    assert [f for f in summary["findings"] if f["kind"] == "straggler"] == []
+    assert summary["detect_config"] == {"z_hit": 1e6, "cusum_h": 1e9, "chance_runs": 0.0}
+    assert "z_hit=1000000.0, chance_runs=0.0, cusum_h=1000000000.0" in html.read_text()
+    # and a default run says it changed nothing
+    assert json.loads(run_cli("analyze", "--json", str(directory)).stdout)["detect_config"] == {}
+
+
+def test_a_bad_detector_setting_is_named(sim) -> None:
+    directory = str(sim("slow_host"))
+    for setting, says in (("z_hits=8", "'z_hits' is not a detector setting (chance_runs,"),
+                          ("persist=2.5", "persist='2.5': expected an integer"),
+                          ("learn=0", "learn='0': expected a value of at least 1"),
+                          ("z_hit", "expected NAME=VALUE")):  # fmt: skip
+        result = run_cli("analyze", directory, "--detect", setting)
+        assert result.returncode == 2 and "--detect" in result.stderr, result.stderr
+        assert says in result.stderr, result.stderr
+
+
 def test_analyze_text_summarises_in_plain_language(sim) -> None:
     result = run_cli("analyze", "--quiet", str(sim("slow_host")))
     assert result.returncode == 0, result.stderr
@@ -101,3 +130,19 @@ def test_simulate_rejects_a_fault_without_its_step(tmp_path) -> None:
     result = run_cli("simulate", "--ranks", "4", "--hang-rank", "1", str(tmp_path / "x"))
     assert result.returncode == 2
     assert "--hang-rank needs its step option" in result.stderr
+
+
+def test_every_detector_setting_is_documented_with_its_default() -> None:
+    """docs/detection.md's settings table lists each Config field and its default."""
+    import dataclasses
+    import re
+    from pathlib import Path
+
+    from rankwatch.detect import Config
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "detection.md").read_text()
+    rows = dict(re.findall(r"^\| `(\w+)` \| ([^|]+) \|", doc, flags=re.M))
+    fields = {f.name: getattr(Config(), f.name) for f in dataclasses.fields(Config)}
+    assert set(rows) == set(fields)
+    for name, default in fields.items():
+        assert float(rows[name]) == default, name

@@ -182,3 +182,20 @@ def test_real_gpu_records_replayed_at_their_pace_give_the_findings_of_analyze(
     assert offline and offline[0][:3] == ("straggler", 1, "gpu")
     assert keys(live["findings"]) == offline
     assert live["records"] == record_lines(dump)
+
+
+def test_detector_settings_reach_the_live_detectors(tmp_path: Path) -> None:
+    """`monitor --detect` sets the live detectors' thresholds as `analyze --detect`
+    sets the offline ones: the straggler the defaults find (the replay above) is not
+    reported with thresholds a 2 ms delay cannot reach."""
+    dump = tmp_path / "sim"
+    slow = SlowFault(5, 30, "gpu", 2000.0)
+    simulate(SimConfig(ranks=16, hosts=2, tp=2, steps=80, clock_offset_us=300, slow=slow), dump)
+    mon = start_monitor(tmp_path, "--detect", "z_hit=1e6", "--detect", "cusum_h=1e9")
+    try:
+        replay(dump, mon.listen)
+        live = ended(mon, "sim", 120)
+    finally:
+        mon.stop()
+    assert live["records"] == record_lines(dump)
+    assert not [k for k in keys(live["findings"]) if k[0] == "straggler"]

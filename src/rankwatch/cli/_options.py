@@ -70,3 +70,28 @@ ready_file_option = click.option(
     default=None,
     help="Write the bound addresses here as JSON once listening (for scripts).",
 )
+
+
+def _detect_config(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]):  # noqa: ANN202
+    """--detect settings as a detect.Config (None: the defaults)."""
+    if not value:
+        return None
+    from rankwatch.detect.base import config_from
+    from rankwatch.errors import ConfigError
+
+    try:
+        return config_from(value)
+    except ConfigError as err:
+        raise click.BadParameter(err.message, ctx=ctx, param=param) from None
+
+
+# analyze and monitor: the detectors' thresholds (detect.base.Config, docs/detection.md)
+detect_option = click.option(
+    "--detect",
+    "detect_config",
+    multiple=True,
+    metavar="NAME=VALUE",
+    callback=_detect_config,
+    help="Set a detector threshold, e.g. --detect chance_runs=0 (always three late steps) "
+    "or --detect z_hit=8; repeatable. Names and defaults: docs/detection.md.",
+)

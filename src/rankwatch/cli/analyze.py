@@ -5,11 +5,15 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
+from rankwatch.cli._options import detect_option
 from rankwatch.errors import RecordError
+
+if TYPE_CHECKING:
+    from rankwatch.detect.base import Config
 
 SHOWN_COMMS = 8
 SHOWN_PROBLEMS = 20
@@ -170,9 +174,11 @@ def analyze(
     quiet: bool,
     html: Path | None = None,
     perfetto: Path | None = None,
+    detect_config: Config | None = None,
 ) -> dict[str, Any]:
     """Ingest, align and summarise (and write the HTML report to `html` if given);
-    raises RecordError when nothing usable was found."""
+    raises RecordError when nothing usable was found. `detect_config`: the
+    detectors' thresholds (the defaults when None)."""
     from rankwatch.align import align
     from rankwatch.align.summary import summarize
     from rankwatch.store import ingest
@@ -194,7 +200,9 @@ def analyze(
     with reporter.step("detecting stragglers, hangs and desyncs"):
         from rankwatch.detect import detect
 
-        summary["findings"] = [f.to_dict() for f in detect(run, clock)]
+        summary["findings"] = [f.to_dict() for f in detect(run, clock, config=detect_config)]
+        # the thresholds that differ from the defaults: what these findings ran with
+        summary["detect_config"] = detect_config.changed() if detect_config else {}
     summary["timings"] = dict(loaded.timings)
     if html is not None:
         from rankwatch.export.html import write_html
@@ -235,6 +243,7 @@ def analyze(
     help="Also write a timeline of every rank's ops (Perfetto protobuf, open it in "
     "ui.perfetto.dev) to PATH, e.g. trace.pftrace.",
 )
+@detect_option
 def command(
     dirs: tuple[Path, ...],
     store: Path | None,
@@ -242,6 +251,7 @@ def command(
     quiet: bool,
     html: Path | None,
     perfetto: Path | None,
+    detect_config: Config | None,
 ) -> None:
     """Analyse the record files under DIR... (searched recursively).
 
@@ -251,7 +261,7 @@ def command(
     ranks and any problems found while reading. Exits non-zero only when
     nothing usable was found.
     """
-    summary = analyze(dirs, store, quiet or as_json, html, perfetto)
+    summary = analyze(dirs, store, quiet or as_json, html, perfetto, detect_config)
     if as_json:
         click.echo(json.dumps(summary, default=str))
     else:

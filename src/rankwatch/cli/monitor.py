@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
-from rankwatch.cli._options import ready_file_option, token_option
+from rankwatch.cli._options import detect_option, ready_file_option, token_option
+
+if TYPE_CHECKING:
+    from rankwatch.detect.base import Config
 
 DEFAULT_HTTP = "127.0.0.1:9470"
 
@@ -66,6 +70,7 @@ DEFAULT_HTTP = "127.0.0.1:9470"
               help="Also take records from `rankwatch agent`s via NATS (docs/scale.md).")
 @click.option("--queue-group", default="rankwatch", show_default=True, metavar="G",
               help="With --nats: workers of one group split the communicators.")
+@detect_option
 def command(
     listen: tuple[str, ...],
     watch: tuple[Path, ...],
@@ -79,6 +84,7 @@ def command(
     ready_file: Path | None,
     nats_url: str | None = None,
     queue_group: str = "rankwatch",
+    detect_config: Config | None = None,
 ) -> None:
     """Watch running jobs live: take every rank's stream (and/or tail record files),
     run the detectors as `rankwatch analyze` does, and serve a live page, Prometheus
@@ -90,6 +96,7 @@ def command(
     Example: rankwatch monitor --listen unix:/run/rankwatch.sock, then run the job with
     RANKWATCH_COLLECTOR=unix:/run/rankwatch.sock, and open http://127.0.0.1:9470/
     """
+    from rankwatch.serve.job import JobConfig
     from rankwatch.serve.live import StateConfig
     from rankwatch.serve.monitor import Monitor, MonitorConfig, address_list
 
@@ -101,7 +108,11 @@ def command(
         webhook=webhook,
         parquet=parquet,
         tick_s=tick,
-        state=StateConfig(max_jobs=max_jobs, max_ranks_series=max_rank_series),
+        state=StateConfig(
+            job=JobConfig(detect=detect_config),
+            max_jobs=max_jobs,
+            max_ranks_series=max_rank_series,
+        ),
         ready_file=ready_file,
     )
     feeds = []

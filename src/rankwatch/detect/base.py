@@ -16,7 +16,8 @@ shared `Context` (culprits, their victims and cost) that later ones read.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Iterable
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, Protocol
 
 import numpy as np
@@ -25,6 +26,7 @@ from rankwatch.detect.cohorts import Cohorts
 from rankwatch.detect.columns import ProgressColumns
 from rankwatch.detect.period import SlotMap
 from rankwatch.detect.topology import Topology
+from rankwatch.errors import ConfigError
 from rankwatch.model import Finding
 
 
@@ -79,6 +81,47 @@ class Config:
     # cohorts and windows
     evict_ns: float = 2e9
     recent_segments: int = 8  # what-if keeps this many steps for late confirmations
+
+    def changed(self) -> dict[str, float | int]:
+        """The settings that differ from the defaults (a report says what it ran with)."""
+        default = Config()
+        return {f.name: getattr(self, f.name) for f in fields(self)
+                if getattr(self, f.name) != getattr(default, f.name)}  # fmt: skip
+
+
+def config_from(settings: Iterable[str], option: str = "--detect") -> Config:
+    """A Config from NAME=VALUE settings (e.g. "chance_runs=0.004"): the names of its
+    fields, values of their type, none negative or NaN. ConfigError names the
+    setting at fault and, for an unknown name, lists the known ones."""
+    types = {f.name: f.type for f in fields(Config)}
+    values: dict[str, float | int] = {}
+    for text in settings:
+        name, sep, raw = text.partition("=")
+        name, raw = name.strip(), raw.strip()
+        if not sep or not name or not raw:
+            raise ConfigError(f"{text!r}: expected NAME=VALUE (chance_runs=0.004)", field=option)
+        if name not in types:
+            known = ", ".join(sorted(types))
+            raise ConfigError(f"{name!r} is not a detector setting ({known})", field=option)
+        values[name] = _setting_value(name, raw, types[name], option)
+    return replace(Config(), **values)
+
+
+# counts that the detectors need at least one of (others may be 0: "off" or "none")
+_AT_LEAST_ONE = {"learn", "persist", "pair_persist", "min_cohort", "xfer_persist",
+                 "episode_gap_ops", "recent_segments"}  # fmt: skip
+
+
+def _setting_value(name: str, raw: str, kind: str, option: str) -> float | int:
+    try:
+        value: float | int = int(raw) if kind == "int" else float(raw)
+    except ValueError:
+        what = "an integer" if kind == "int" else "a number"
+        raise ConfigError(f"{name}={raw!r}: expected {what}", field=option) from None
+    least = 1 if name in _AT_LEAST_ONE else 0
+    if not value >= least:  # also NaN
+        raise ConfigError(f"{name}={raw!r}: expected a value of at least {least}", field=option)
+    return value
 
 
 @dataclass

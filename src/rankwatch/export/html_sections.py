@@ -239,6 +239,9 @@ def findings_section(summary: dict[str, Any]) -> dict[str, Any]:
     problems = summary.get("problems") or []
     return {
         "findings": [_finding_row(f) for f in summary.get("findings") or []],
+        "detect_config": ", ".join(
+            f"{k}={v}" for k, v in (summary.get("detect_config") or {}).items()
+        ),
         "problems": [_problem_row(p) for p in problems[:PROBLEM_ROWS]],
         "problems_more": max(0, len(problems) - PROBLEM_ROWS),
         "skipped": [
