@@ -425,7 +425,7 @@ static int64_t time_key(double gstart, double t_min, int64_t pos) {
  * Late ops are rare, so only they are sorted: an op that is not late breaks
  * the run at the late op after it in time, found by a binary search among its
  * process's late ops (as straggler._runs_at_hits does in NumPy). Scratch: key
- * and gap (m each), count (n_procs + 1). */
+ * (m), gap (m + n_procs), count (n_procs + 1). */
 RWD_EXPORT int64_t rwd_rank_runs(int64_t m, const int64_t *idx, int64_t n, const int64_t *proc,
                                  int64_t n_procs, const double *gstart, const uint8_t *hit,
                                  const uint8_t *pair, int64_t need_solo, int64_t need_pair,
@@ -483,7 +483,7 @@ RWD_EXPORT int64_t rwd_rank_runs(int64_t m, const int64_t *idx, int64_t n, const
     }
     if (count[p] == begin) { /* no late op: the run is broken, the misses go on */
       run_state[p] = 0;
-      miss_state[p] += ops;
+      miss_state[p] = wrap_add(miss_state[p], ops);
       tail_start[p] = -2;
       continue;
     }
@@ -491,7 +491,8 @@ RWD_EXPORT int64_t rwd_rank_runs(int64_t m, const int64_t *idx, int64_t n, const
     for (int64_t h = begin; h < count[p]; h++) {
       int64_t i = idx[key[h] & (((int64_t)1 << POS_BITS) - 1)];
       if (gap[h]) run = 0;
-      if (++run == 1) start = i;
+      run = wrap_add(run, 1);
+      if (run == 1) start = i;
       if (run >= (pair[i] ? need_pair : need_solo)) {
         fired_rec[fired] = i;
         fired_run[fired] = run;
@@ -520,7 +521,9 @@ static double nan_median(const double *x, int64_t k, double *tmp) {
     tmp[at] = x[j];
   }
   if (m == 0) return NAN;
-  return m % 2 ? tmp[m / 2] : (tmp[m / 2 - 1] + tmp[m / 2]) / 2.0;
+  /* numpy.nanmedian along an axis (numpy.ma.median): the mean of the middle two,
+   * or of the middle one with itself (which overflows as NumPy's does) */
+  return m % 2 ? (tmp[m / 2] + tmp[m / 2]) / 2.0 : (tmp[m / 2 - 1] + tmp[m / 2]) / 2.0;
 }
 
 /* numpy.sign(m) * numpy.maximum(abs(m) - se, 0): the learned offset shrunk toward 0 */
@@ -584,7 +587,7 @@ RWD_EXPORT int64_t rwd_slot_state(
   for (int64_t i = 0; i < n; i++) {
     if (!ok[i]) continue;
     int64_t f = flat[i];
-    if (!in_range(f, n_flat)) return RWD_RANGE;
+    if (!in_range(f, n_flat) || nobs[f] < 0) return RWD_RANGE;
     if (judged[f] && seq[i] < last_seq[f]) return RWD_UNORDERED;
     judged[f] = 1;
     last_seq[f] = seq[i];
@@ -596,7 +599,8 @@ RWD_EXPORT int64_t rwd_slot_state(
     resid[i] = NAN;
     hit[i] = head[i] = 0;
     if (!ok[i]) continue;
-    int64_t f = flat[i], k = nobs[f]++;
+    int64_t f = flat[i], k = nobs[f];
+    nobs[f] = wrap_add(k, 1);
     if (k < learn) {
       learn_x[f * learn + k] = excess[i];
       learn_sig[f * learn + k] = sigma[i];
@@ -633,7 +637,7 @@ RWD_EXPORT int64_t rwd_slot_state(
     }
     double s = cusum_step(np_min(z, z_clip) - cusum_k, carry, first, fc + f, fm + f);
     int late = resid[i] > thr[i];
-    int64_t r = late ? run_state[f] + 1 : 0;
+    int64_t r = late ? wrap_add(run_state[f], 1) : 0;
     if (r == 1) pos[f] = i;
     hit[i] = (uint8_t)late;
     head[i] = (uint8_t)(r == 1);

@@ -51,7 +51,9 @@ def test_a_bad_detector_setting_is_named(sim) -> None:
     directory = str(sim("slow_host"))
     for setting, says in (("z_hits=8", "'z_hits' is not a detector setting (chance_runs,"),
                           ("persist=2.5", "persist='2.5': expected an integer"),
-                          ("learn=0", "learn='0': expected a value of at least 1"),
+                          ("learn=0", "learn='0': expected a value from 1 to 64"),
+                          ("persist_ops=0", "persist_ops='0': expected a value from 1 to"),
+                          ("cusum_h=inf", "cusum_h='inf': expected a value from 1e-09 to 1e+18"),
                           ("z_hit", "expected NAME=VALUE")):  # fmt: skip
         result = run_cli("analyze", directory, "--detect", setting)
         assert result.returncode == 2 and "--detect" in result.stderr, result.stderr

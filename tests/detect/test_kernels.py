@@ -350,8 +350,9 @@ def test_straggler_state_matches_numpy_batch_by_batch(
 
 
 def test_straggler_kernels_decline_without_changing_state() -> None:
-    """A (rank, slot) whose ops come out of seq order, or an index out of range:
-    declined (None) before any state changed, for NumPy to do the batch."""
+    """A (rank, slot) whose ops come out of seq order, an index out of range or a
+    negative count: declined (None) before any state changed, for NumPy to do the
+    batch; state arrays of the wrong size are a caller's error."""
     state = {k: np.zeros((2, 4) if k in ("nobs", "run", "cusum", "base", "last_z") else (2, 4, 4))
              for k in kernels.SLOT_STATE}  # fmt: skip
     for k in ("nobs", "run"):
@@ -366,8 +367,13 @@ def test_straggler_kernels_decline_without_changing_state() -> None:
     cols["seq"] = np.array([3, 5, 1])
     cols["flat"] = np.array([1, 1, 99])
     assert kernels.slot_state(cols, state, 4, 6.0, 1.5, 2, 15.0) is None
-    assert all(np.array_equal(before[k], state[k]) for k in state)
     cols["flat"] = np.array([1, 1, 2])
+    state["nobs"][0, 2] = -1  # a count no detector makes: refused, not indexed with
+    assert kernels.slot_state(cols, state, 4, 6.0, 1.5, 2, 15.0) is None
+    state["nobs"][0, 2] = 9
+    assert all(np.array_equal(before[k], state[k]) for k in state)
+    with pytest.raises(ValueError, match="slot state 'learn'"):  # sized for another depth
+        kernels.slot_state(cols, state, 5, 6.0, 1.5, 2, 15.0)
     got = kernels.slot_state(cols, state, 4, 6.0, 1.5, 2, 15.0)
     assert got is not None and got["hit"].all() and state["run"][0, 1] == 2
     run, miss = np.zeros(2, np.int64), np.zeros(2, np.int64)

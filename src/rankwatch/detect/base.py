@@ -91,8 +91,9 @@ class Config:
 
 def config_from(settings: Iterable[str], option: str = "--detect") -> Config:
     """A Config from NAME=VALUE settings (e.g. "chance_runs=0.004"): the names of its
-    fields, values of their type, none negative or NaN. ConfigError names the
-    setting at fault and, for an unknown name, lists the known ones."""
+    fields, finite values of their type within the setting's range (_RANGES). A
+    name given twice takes the later value. ConfigError names the setting at fault
+    and, for an unknown name, lists the known ones."""
     types = {f.name: f.type for f in fields(Config)}
     values: dict[str, float | int] = {}
     for text in settings:
@@ -107,9 +108,18 @@ def config_from(settings: Iterable[str], option: str = "--detect") -> Config:
     return replace(Config(), **values)
 
 
-# counts that the detectors need at least one of (others may be 0: "off" or "none")
-_AT_LEAST_ONE = {"learn", "persist", "pair_persist", "min_cohort", "xfer_persist",
-                 "episode_gap_ops", "recent_segments"}  # fmt: skip
+INT_MAX = 2**31 - 1  # counts beyond this are "never" in any job (and fit every C int)
+# (least, most) of a setting; the rest: 0 to INT_MAX for counts, 0 to 1e18 for the
+# others (finite: the JSON output carries them). A count of 0 means "off" only where
+# the detector says so (pair_persist_ops); elsewhere at least one op is needed.
+_RANGES: dict[str, tuple[float, float]] = {
+    **{name: (1, INT_MAX) for name in ("persist", "pair_persist", "persist_ops", "xfer_persist",
+                                       "episode_gap_ops", "recent_segments",
+                                       "xfer_unexplained_ops")},  # fmt: skip
+    "learn": (1, 64),  # observations kept per (rank, op): memory grows with it
+    "min_cohort": (2, INT_MAX),
+    "cusum_h": (1e-9, 1e18),  # a CUSUM threshold of 0 would fire at every op
+}
 
 
 def _setting_value(name: str, raw: str, kind: str, option: str) -> float | int:
@@ -118,10 +128,15 @@ def _setting_value(name: str, raw: str, kind: str, option: str) -> float | int:
     except ValueError:
         what = "an integer" if kind == "int" else "a number"
         raise ConfigError(f"{name}={raw!r}: expected {what}", field=option) from None
-    least = 1 if name in _AT_LEAST_ONE else 0
-    if not value >= least:  # also NaN
-        raise ConfigError(f"{name}={raw!r}: expected a value of at least {least}", field=option)
+    least, most = _RANGES.get(name, (0, INT_MAX if kind == "int" else 1e18))
+    if not least <= value <= most:  # also NaN and infinities
+        span = f"{_shown(least)} to {_shown(most)}"
+        raise ConfigError(f"{name}={raw!r}: expected a value from {span}", field=option)
     return value
+
+
+def _shown(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() and abs(x) < 1e12 else f"{x:g}"
 
 
 @dataclass

@@ -273,6 +273,8 @@ def rank_runs(
         return None
     _check_state(run_state, _I64)
     _check_state(miss_state, _I64)
+    if len(miss_state) != len(run_state):
+        raise ValueError("rank runs: one run and one miss count per process")
     m, n, n_procs = len(idx), len(proc), len(run_state)
     idx, proc, gstart = _c(idx, _I64), _c(proc, _I64), _c(gstart, _F64)
     hit, pair = _c(hit, np.bool_).view(np.uint8), _c(pair, np.bool_).view(np.uint8)
@@ -312,6 +314,10 @@ def slot_state(
     for name in SLOT_STATE:
         _check_state(state[name], _I64 if name in ("nobs", "run") else _F64)
     n, n_flat = len(cols["flat"]), state["nobs"].size
+    per_flat = {"learn": learn, "learn_sig": learn, "run_at": 4, "cusum_at": 4}
+    for name in SLOT_STATE:  # the kernel indexes them by flat: each must be that long
+        if state[name].size != n_flat * per_flat.get(name, 1):
+            raise ValueError(f"slot state {name!r}: {state[name].size} values for {n_flat} slots")
     ints = {k: _c(cols[k], _I64) for k in ("flat", "seq", "comm", "func")}
     dbls = {k: _c(cols[k], _F64) for k in ("excess", "sigma", "thr", "arrival_c")}
     ok = _c(cols["ok"], np.bool_).view(np.uint8)
