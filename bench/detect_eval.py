@@ -130,7 +130,7 @@ def run_suite(scenarios: list[Scenario], workdir: Path, label: str) -> dict:
         )
     print("\n" + table(rows) + "\n")
     s = summary(rows)
-    return {"rows": rows, "summary": s, "failures": failures(s, suite=label == "suite")}
+    return {"rows": rows, "summary": s, "failures": failures(s)}
 
 
 # ----------------------------------------------------------------- false alarms

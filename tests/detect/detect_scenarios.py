@@ -359,9 +359,8 @@ FLOORS = {"precision": 0.99, "recall": 0.99, "culprit": 1.0, "cause": 0.95, "ons
 # the CUSUM takes longer.
 MAX_DELAY_STEPS = 2.0
 MAX_DELAY_MEDIAN_COLLECTIVES = 8.0
-# scenarios whose stragglers are all confirmed within 10 collectives of their onset (the
-# rest: the job's own noise stalled ops as badly and at the straggler's size before it)
-MIN_WITHIN_10_COLLECTIVES = 0.9
+# scenarios whose stragglers are all confirmed within 10 collectives of their onset
+MIN_WITHIN_10_COLLECTIVES = 1.0
 MAX_LOW_SNR_DELAY_STEPS = 12.0
 MAX_HANG_DELAY_S = 2.0
 MAX_COST_ERROR = 0.35  # |what-if - true| / true, total over a scenario's stragglers
@@ -431,19 +430,17 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def failures(s: dict[str, Any], suite: bool = True) -> list[str]:
-    """The floors s falls below. The two on collectives (median, share within 10) are
-    the suite's: at 256 and 1,024 ranks the noise stalls of so many ranks make two
-    late steps in a row plausible by chance more often (bench/RESULTS.md section 5)."""
+def failures(s: dict[str, Any]) -> list[str]:
+    """The floors s falls below (the suite's and the large set's alike)."""
     out = [f"{k} {s[k]:.3f} < {v}" for k, v in FLOORS.items() if s[k] < v]
     if s["delay_max_steps"] > MAX_DELAY_STEPS:
         out.append(f"detection delay {s['delay_max_steps']} > {MAX_DELAY_STEPS} steps")
-    if suite and s["delay_median_collectives"] > MAX_DELAY_MEDIAN_COLLECTIVES:
+    if s["delay_median_collectives"] > MAX_DELAY_MEDIAN_COLLECTIVES:
         out.append(
             f"median detection delay {s['delay_median_collectives']} > "
             f"{MAX_DELAY_MEDIAN_COLLECTIVES} collectives"
         )
-    if suite and s["within_10_collectives"] < MIN_WITHIN_10_COLLECTIVES:
+    if s["within_10_collectives"] < MIN_WITHIN_10_COLLECTIVES:
         out.append(
             f"stragglers confirmed within 10 collectives in {s['within_10_collectives']:.2f} "
             f"of scenarios < {MIN_WITHIN_10_COLLECTIVES}"

@@ -55,8 +55,11 @@ class Config:
     # badly and at similar sizes keeps three; a clean job, or a delay unlike all but
     # a few stalls seen, fires at two. Not a strict bound on false confirmations: the
     # rule takes both how late and how alike from the pair itself (a look-elsewhere
-    # effect); healthy heavy-noise jobs measure it (bench/RESULTS.md section 5).
-    chance_runs: float = 0.002
+    # effect); healthy heavy-noise jobs measure it (bench/RESULTS.md section 5): a
+    # rank two stalls confirmed by chance is then seldom reported, since a finding
+    # needs its delays to exceed its peers' (report.costly). 0.002 confirms fewer by
+    # chance and some stragglers a step later.
+    chance_runs: float = 0.004
     persist_ops: int = 6  # consecutive late ops of one rank (a delay on every op) that fire
     pair_persist: int = 6  # the same for cohorts of two ranks (see straggler.py)
     pair_persist_ops: int = 0  # 0: off (see straggler.py)

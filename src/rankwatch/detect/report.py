@@ -11,14 +11,29 @@ from rankwatch.model import Finding, Since
 def costly(ctx: Context, cul: Culprit) -> bool:
     """Worth a finding: its own delays, the job time it cost, or would cost once the
     other stragglers are fixed, reach min_cost_share of the wall time (pair_min_cost_share
-    for a rank judged against a single peer: less evidence, so only what matters). (A slow rank
-    whose delay the job absorbs is still reported, with its cost near 0; a blip of
-    a few late ops in a long job is not.)"""
+    for a rank judged against a single peer: less evidence, so only what matters), and
+    its own delays exceed the typical rank's over the same time by that much too
+    (later_than_peers_ns). (A slow rank whose delay the job absorbs is still
+    reported, with its cost near 0; a blip of a few late ops in a long job is not;
+    nor is a rank of a noisy job whose stalls, after two of them happened to come
+    in a row, were no more than every rank's.)"""
     wall = ctx.wall_ns
     impact = max(cul.cost_ns, cul.extra.get("cost_alone_ns", 0.0), cul.extra.get("own_ns", 0.0))
     cfg = ctx.config
     share = cfg.pair_min_cost_share if cul.extra.get("pair") else cfg.min_cost_share
-    return not wall or impact >= share * wall
+    if not wall or "peer_own" not in cul.extra:  # (transfer culprits: no own delays)
+        return not wall or impact >= share * wall
+    return min(impact, later_than_peers_ns(cul)) >= share * wall
+
+
+def later_than_peers_ns(cul: Culprit) -> float:
+    """The culprit's own delay since its confirmation beyond the median rank's over
+    the same time (peers share a job's noise; a straggler's delays are its own)."""
+    own = cul.extra.get("own_ns", 0.0)
+    peer = cul.extra.get("peer_own")
+    if peer is None or len(peer) < 2:
+        return own
+    return own - float(np.median(np.delete(peer, cul.proc)))
 
 
 def render(ctx: Context, cul: Culprit) -> Finding:
@@ -66,6 +81,8 @@ def render(ctx: Context, cul: Culprit) -> Finding:
         "victims_total": len(victims),
         "victims_wait_s": sum(cul.victims.values()) / 1e9,
         "own_delay_s": cul.extra.get("own_ns", 0.0) / 1e9,
+        **({"later_than_peers_s": later_than_peers_ns(cul) / 1e9} if "peer_own" in cul.extra
+           else {}),
         **cul.extra.get("evidence", {}),
     }
     conf = float(min(0.99, 0.5 + 0.1 * min(cul.hits, 5) + (0.1 if np.median(zs) > 20 else 0.0)))
