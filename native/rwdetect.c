@@ -582,17 +582,18 @@ RWD_EXPORT int64_t rwd_slot_state(
     int64_t *f_cusum_start, double *f_z1, double *f_carried, int64_t *fs, double *fz,
     double *tmp) {
   if (learn < 1 || n_flat < 0 || n < 0) return RWD_RANGE;
-  int64_t *last_seq = fs, *judged = fs + n_flat, *pos = fs + 2 * n_flat, *last = fs + 3 * n_flat;
-  for (int64_t f = 0; f < n_flat; f++) judged[f] = 0; /* 0: not seen yet */
+  /* per flat: the last seq seen (-1 in `last`: none yet) while checking, then where
+   * its run began (pos), where its excursion began (began) and its last record */
+  int64_t *last_seq = fs, *began = fs + n_flat, *pos = fs + 2 * n_flat, *last = fs + 3 * n_flat;
+  for (int64_t f = 0; f < n_flat; f++) last[f] = -1;
   for (int64_t i = 0; i < n; i++) {
     if (!ok[i]) continue;
     int64_t f = flat[i];
     if (!in_range(f, n_flat) || nobs[f] < 0) return RWD_RANGE;
-    if (judged[f] && seq[i] < last_seq[f]) return RWD_UNORDERED;
-    judged[f] = 1;
+    if (last[f] >= 0 && seq[i] < last_seq[f]) return RWD_UNORDERED;
+    last[f] = i;
     last_seq[f] = seq[i];
   }
-  for (int64_t f = 0; f < n_flat; f++) judged[f] = 0;
 
   /* baseline, in stream order */
   for (int64_t i = 0; i < n; i++) {
@@ -612,7 +613,6 @@ RWD_EXPORT int64_t rwd_slot_state(
       continue;
     }
     resid[i] = excess[i] - base[f];
-    judged[f] += isfinite(resid[i]);
   }
 
   /* runs and the CUSUM, in stream order, with each flat's running values in
@@ -620,7 +620,6 @@ RWD_EXPORT int64_t rwd_slot_state(
    * where the excursion began (began; -1 carried, -2 right after S was 0), the
    * z before (fz); run_state is the run so far, cusum_state stays the carry */
   double *fc = fz + n_flat, *fm = fz + 2 * n_flat, *s_last = fz + 3 * n_flat;
-  int64_t *began = judged;
   for (int64_t f = 0; f < n_flat; f++) last[f] = -1;
   int64_t fired = 0;
   for (int64_t i = 0; i < n; i++) {

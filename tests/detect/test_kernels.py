@@ -16,7 +16,7 @@ import pytest
 from detect_scenarios import SUITE, Extra, Scenario, simulate_scenario
 
 from rankwatch.align import align
-from rankwatch.detect import Topology, blame, detect, kernels, straggler
+from rankwatch.detect import Config, Topology, blame, detect, kernels, straggler
 from rankwatch.detect.prepare import KEEP, Preparer
 from rankwatch.detect.robust import cusum_lazy
 from rankwatch.detect.source import windows
@@ -308,15 +308,28 @@ class _BothWays:
         return ref
 
     def _rank(self, det, r, judged, hit):
+        """The kernel, NumPy at the hits, and NumPy sorting every op (the path for
+        keys too wide for 63 bits): the same records fired and state carried."""
         before = (det.prun.copy(), det.miss.copy(), det.prun_at.copy())
-        fast = self.rank(det, r, judged, hit)
-        fast_state = (det.prun.copy(), det.miss.copy(), det.prun_at.copy())
-        det.prun[...], det.miss[...], det.prun_at[...] = before
-        ref = self._numpy(self.rank, det, r, judged, hit)
-        for a, b in zip(fast + fast_state, ref + (det.prun, det.miss, det.prun_at), strict=True):
-            assert _same(a, b)
-        self.rank_fired += len(ref[0])
-        return ref
+        got = []
+        for form in ("kernel", "hits", "sorted"):
+            det.prun[...], det.miss[...], det.prun_at[...] = before
+            if form == "kernel":
+                fired = self.rank(det, r, judged, hit)
+            elif form == "hits":
+                fired = self._numpy(self.rank, det, r, judged, hit)
+            else:
+                keys = straggler._time_keys
+                straggler._time_keys = lambda *a: None
+                try:
+                    fired = self._numpy(self.rank, det, r, judged, hit)
+                finally:
+                    straggler._time_keys = keys
+            got.append(fired + (det.prun.copy(), det.miss.copy(), det.prun_at.copy()))
+        for other in got[1:]:
+            assert all(_same(a, b) for a, b in zip(got[0], other, strict=True))
+        self.rank_fired += len(got[0][0])
+        return got[0][:2]
 
 
 _STRAGGLER_JOBS = {
@@ -344,8 +357,10 @@ def test_straggler_state_matches_numpy_batch_by_batch(
     run = ingest([tmp_path / name]).run()
     align(run)
     both = _BothWays(monkeypatch)
-    found = detect(run, batch=400)
-    assert both.batches > 5 and both.heads > 0 and both.candidates > 0
+    # every late op fires the per-rank rule (six in a row, and off in pairs, by
+    # default): so that its runs fire here, and are compared, as well as carried
+    found = detect(run, batch=400, config=Config(persist_ops=1, pair_persist_ops=1))
+    assert both.batches > 5 and both.heads > 0 and both.candidates > 0 and both.rank_fired > 0
     assert any(f.kind == "straggler" for f in found)
 
 

@@ -21,9 +21,11 @@ def costly(ctx: Context, cul: Culprit) -> bool:
     impact = max(cul.cost_ns, cul.extra.get("cost_alone_ns", 0.0), cul.extra.get("own_ns", 0.0))
     cfg = ctx.config
     share = cfg.pair_min_cost_share if cul.extra.get("pair") else cfg.min_cost_share
-    if not wall or "peer_own" not in cul.extra:  # (transfer culprits: no own delays)
-        return not wall or impact >= share * wall
-    return min(impact, later_than_peers_ns(cul)) >= share * wall
+    if not wall:
+        return True
+    # transfer culprits have no own delays to set against their peers'
+    later_ok = "peer_own" not in cul.extra or later_than_peers_ns(cul) >= share * wall
+    return impact >= share * wall and later_ok
 
 
 def later_than_peers_ns(cul: Culprit) -> float:

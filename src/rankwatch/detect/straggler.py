@@ -836,48 +836,43 @@ class StragglerDetector:
             np.add.at(self.kind_hist, (kind, _chance_bin(z[head_rec])), 1)
 
     def _rank_persistence(self, r: Recs, judged, hit) -> tuple[np.ndarray, np.ndarray]:
-        """Runs of consecutive hits per rank over its ops in time order: as
-        _slot_persistence."""
+        """Runs of consecutive hits per rank over its ops in time order: as _slot_runs.
+        The compiled kernel, else NumPy at the hits (_runs_at_hits), else a sort of
+        the ops (keys too wide for 63 bits); all three end in _rank_fired."""
         cfg = self.ctx.config
         idx = np.flatnonzero(judged)
         pair_ops = cfg.pair_persist_ops or np.iinfo(np.int64).max
+        need = (cfg.persist_ops, pair_ops)
+        keys = None
         if cfg.persist_ops > 0 and pair_ops > 0:
             got = kernels.rank_runs(
-                idx, r.proc, r.gstart_c, hit, self._pair, cfg.persist_ops, pair_ops,
-                self.prun, self.miss,
-            )  # fmt: skip
+                idx, r.proc, r.gstart_c, hit, self._pair, *need, self.prun, self.miss
+            )
             if got is not None:
                 return self._rank_fired(r, *got)
-        keys = _time_keys(r, idx) if cfg.persist_ops > 0 and pair_ops > 0 else None
+            keys = _time_keys(r, idx)
         if keys is None:
-            return self._rank_persistence_sorted(r, idx, hit)
+            return self._rank_fired(r, *self._rank_runs_sorted(r, idx, hit, need))
         runs = _runs_at_hits(keys, r.proc[idx].astype(np.int64), hit[idx], self.prun, self.miss)
         procs, last_hit, miss, h_rec, h_run, h_start = runs
         h_rec = idx[h_rec]
         h_start = np.where(h_start >= 0, idx[np.maximum(h_start, 0)], -1)
         self.miss[procs] = miss
-        carried = self.prun_at.copy()
         # a rank whose last op here is a hit carries its run into the next window
         ends_hit = last_hit >= 0
-        run_last = np.zeros(len(procs), dtype=np.int64)
-        start_last = np.full(len(procs), -1, dtype=np.int64)
-        run_last[ends_hit] = h_run[last_hit[ends_hit]]
-        start_last[ends_hit] = h_start[last_hit[ends_hit]]
-        self.prun_at[procs] = np.where(
-            run_last[:, None] > 0, _onsets_at(r, start_last, carried[procs]), -1.0
-        )
-        self.prun[procs] = run_last
-        h_proc = r.proc[h_rec]
-        need = np.where(self._pair[h_rec], pair_ops, cfg.persist_ops)
-        fired = np.flatnonzero(h_run >= need)
-        if not len(fired):
-            return _NONE_FIRED
-        onset = _onsets_at(r, h_start[fired], carried[h_proc[fired]])
-        return h_rec[fired], _fired_rows(onset, BY_RANK_RUN, np.nan)
+        tail = np.full(len(self.prun), -3, dtype=np.int64)
+        tail[procs] = -2
+        tail[procs[ends_hit]] = h_start[last_hit[ends_hit]]
+        self.prun[procs] = 0
+        self.prun[procs[ends_hit]] = h_run[last_hit[ends_hit]]
+        fired = h_run >= np.where(self._pair[h_rec], need[1], need[0])
+        return self._rank_fired(r, tail, h_rec[fired], h_run[fired], h_start[fired])
 
     def _rank_fired(self, r: Recs, tail, rec, run, start) -> tuple[np.ndarray, np.ndarray]:
-        """_rank_persistence from the kernel's runs (prun and miss updated there): each
-        rank's carried onset, and the records that fired with theirs."""
+        """_rank_persistence from the runs found (prun and miss updated): per rank the
+        start of the run its last op ends (-1: carried; -2: no run; -3: no op here),
+        and the records that fired with the starts of their runs. Sets each rank's
+        carried onset; returns the records that fired with theirs."""
         present = np.flatnonzero(tail > -3)
         carried = self.prun_at.copy()
         going = present[tail[present] >= -1]
@@ -888,28 +883,19 @@ class StragglerDetector:
         onset = _onsets_at(r, start, carried[r.proc[rec]])
         return rec, _fired_rows(onset, BY_RANK_RUN, np.nan)
 
-    def _rank_persistence_sorted(
-        self, r: Recs, idx: np.ndarray, hit
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """_rank_persistence by a sort of the ops (when their keys do not fit 63 bits)."""
+    def _rank_runs_sorted(self, r: Recs, idx: np.ndarray, hit, need: tuple[int, int]):
+        """_rank_persistence's runs by a sort of the ops, as _rank_fired takes them."""
         order = _time_order(r, idx)
         p = r.proc[order]
-        h = hit[order]
-        run, started = run_lengths(h, p, self.prun)
-        last, miss = trailing_misses(h, p, self.miss)
+        run, started = run_lengths(hit[order], p, self.prun)
+        last, miss = trailing_misses(hit[order], p, self.miss)
         self.miss[p[last]] = miss
-        carried = self.prun_at.copy()
-        self.prun_at[p[last]] = np.where(
-            run[last, None] > 0, _onsets(r, order, started[last], carried[p[last]]), -1.0
-        )
         self.prun[p[last]] = run[last]
-        cfg = self.ctx.config
-        pair_ops = cfg.pair_persist_ops or np.iinfo(np.int64).max
-        fired = np.flatnonzero(run >= np.where(self._pair[order], pair_ops, cfg.persist_ops))
-        if not len(fired):
-            return _NONE_FIRED
-        onset = _onsets(r, order, started[fired], carried[p[fired]])
-        return order[fired], _fired_rows(onset, BY_RANK_RUN, np.nan)
+        start = _record_at(order, started)  # -1: the run began in an earlier batch
+        tail = np.full(len(self.prun), -3, dtype=np.int64)
+        tail[p[last]] = np.where(run[last] > 0, start[last], -2)
+        fired = np.flatnonzero(run >= np.where(self._pair[order], need[1], need[0]))
+        return tail, order[fired], run[fired], start[fired]
 
     # ------------------------------------------------------------------ culprits
     def _episodes(self, r: Recs, judged, hit, fired: np.ndarray, onset: np.ndarray) -> None:
