@@ -15,8 +15,10 @@ Each analysis runs in a fresh child process so its peak RSS (getrusage maxrss:
 resident memory including mapped file pages) is its own. Prints per path the
 seconds of ingest, align and the report data (summarize), end-to-end records/s,
 CPU seconds (user + system, all threads: steadier than wall time on a shared
-machine) and peak RSS, then each path's ratios against the first path, then one
-JSON line per size for bench/RESULTS.md. DuckDB's memory limit and spill directory
+machine) and peak RSS, then the seconds of `analyze --html`'s report on top (its
+data queries, figures and page: the `+ HTML` column, outside the end-to-end
+figures), then each path's ratios against the first path, then one JSON line per
+size for bench/RESULTS.md. DuckDB's memory limit and spill directory
 come from the RANKWATCH_MEMORY_LIMIT / RANKWATCH_SPILL_DIR settings
 (rankwatch.store.engine).
 """
@@ -89,8 +91,9 @@ def phase_analyze(out: str) -> dict[str, Any]:
     run = store.run()
     clock = align(run)
     cpu2, aligned = _cpu_s(), time.perf_counter()
-    summarize(run, clock)
+    summary = summarize(run, clock)
     cpu3, done = _cpu_s(), time.perf_counter()
+    html = _html_report(run, summary)
     return {
         "records": store.count("ops"),
         "native_files": len(getattr(store, "native_files", [])),
@@ -102,10 +105,22 @@ def phase_analyze(out: str) -> dict[str, Any]:
         "align_cpu_s": cpu2 - cpu1,
         "summary_cpu_s": cpu3 - cpu2,
         "total_cpu_s": cpu3 - cpu0,
+        **html,
         "memory_limit": settings.memory_limit,
         "problems": len(store.problems),
         "peak_rss_mb": _peak_rss_mb(children=False),
     }
+
+
+def _html_report(run: Any, summary: dict[str, Any]) -> dict[str, float]:
+    """Seconds and CPU seconds of `rankwatch analyze --html`'s report (its data queries,
+    figures and page) on top of the end-to-end analysis, written to a scratch file."""
+    from rankwatch.export.html import write_html
+
+    with tempfile.TemporaryDirectory(prefix="rankwatch-bench-") as scratch:
+        cpu0, start = _cpu_s(), time.perf_counter()
+        write_html(run, summary, Path(scratch) / "report.html")
+        return {"html_s": time.perf_counter() - start, "html_cpu_s": _cpu_s() - cpu0}
 
 
 def _child(args: list[str], src: Path = SRC, env_extra: dict[str, str] | None = None) -> dict:
@@ -163,14 +178,14 @@ def bench(
         )
     print(
         f"  {'path':9s} {'ingest':>8s} {'align':>8s} {'report':>8s} {'total':>8s} "
-        f"{'end to end':>16s} {'CPU s':>7s} {'peak RSS':>9s}"
+        f"{'end to end':>16s} {'CPU s':>7s} {'peak RSS':>9s} {'+ HTML':>8s}"
     )
     for path, r in results.items():
         assert r["records"] == n, f"{path} loaded {r['records']} records, not {n}"
         print(
             f"  {path:9s} {r['ingest_s']:7.1f}s {r['align_s']:7.1f}s {r['summary_s']:7.1f}s "
             f"{r['total_s']:7.1f}s {_rate(n, r['total_s'])} {r['total_cpu_s']:7.1f} "
-            f"{r['peak_rss_mb']:7,.0f}MB"
+            f"{r['peak_rss_mb']:7,.0f}MB {r['html_s']:7.1f}s"
         )
     first, base = next(iter(results.items()))
     for path, r in list(results.items())[1:]:
@@ -179,7 +194,9 @@ def bench(
             f"CPU {base['total_cpu_s'] / r['total_cpu_s']:.2f}x less "
             f"(ingest {base['ingest_cpu_s'] / r['ingest_cpu_s']:.2f}x, "
             f"align {base['align_cpu_s'] / r['align_cpu_s']:.2f}x), "
-            f"peak RSS {r['peak_rss_mb'] / base['peak_rss_mb']:.2f}x"
+            f"peak RSS {r['peak_rss_mb'] / base['peak_rss_mb']:.2f}x; "
+            f"HTML report {base['html_s'] / r['html_s']:.2f}x faster "
+            f"({base['html_cpu_s'] / r['html_cpu_s']:.2f}x less CPU)"
         )
     if not opts.keep:
         shutil.rmtree(out, ignore_errors=True)

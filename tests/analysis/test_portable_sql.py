@@ -20,7 +20,6 @@ QUERIES = {
     "ops_aligned": collectives.OPS_ALIGNED_SQL,
     "collective_ops": collectives.COLLECTIVE_OPS_SQL,
     "collectives": collectives.COLLECTIVES_SQL,
-    "bandwidth": collectives.BANDWIDTH_SQL,
     "collective_ranks": collectives.COLLECTIVE_RANKS_SQL,
     "rank_lateness": collectives.RANK_LATENESS_SQL,
     "p2p_pairs": p2p.P2P_PAIRS_SQL,

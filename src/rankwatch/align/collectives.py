@@ -137,35 +137,32 @@ WITH agg AS (
                   AND lag_bound_ns * 10 <= end_minus_last_start
              THEN 'end_minus_last_start' ELSE 'min_duration' END AS transfer_method
     FROM joined
+), b AS (
+    SELECT *,
+        CASE WHEN transfer_method = 'end_minus_last_start' THEN end_minus_last_start
+             ELSE min_duration END AS transfer_ns,
+        CASE WHEN func IN ('AllGather', 'ReduceScatter') THEN msg_bytes * n_ranks
+             ELSE msg_bytes END AS traffic_bytes,
+        CASE WHEN func = 'AllReduce' THEN 2.0 * (n_ranks - 1) / n_ranks
+             WHEN func IN ('AllGather', 'ReduceScatter') THEN (n_ranks - 1.0) / n_ranks
+             ELSE 1.0 END AS bus_factor,
+        last_arrival - second_last_arrival AS last_lag_ns,
+        last_gpu_start - second_last_gpu_start AS last_gpu_lag_ns,
+        last_arrival - median_arrival AS last_vs_median_ns,
+        last_gpu_start - median_gpu_start AS last_gpu_vs_median_ns
+    FROM t
 )
-SELECT *,
-    CASE WHEN transfer_method = 'end_minus_last_start' THEN end_minus_last_start
-         ELSE min_duration END AS transfer_ns,
-    CASE WHEN func IN ('AllGather', 'ReduceScatter') THEN msg_bytes * n_ranks
-         ELSE msg_bytes END AS traffic_bytes,
-    CASE WHEN func = 'AllReduce' THEN 2.0 * (n_ranks - 1) / n_ranks
-         WHEN func IN ('AllGather', 'ReduceScatter') THEN (n_ranks - 1.0) / n_ranks
-         ELSE 1.0 END AS bus_factor,
-    last_arrival - second_last_arrival AS last_lag_ns,
-    last_gpu_start - second_last_gpu_start AS last_gpu_lag_ns,
-    last_arrival - median_arrival AS last_vs_median_ns,
-    last_gpu_start - median_gpu_start AS last_gpu_vs_median_ns
-FROM t
-"""
-
-COLLECTIVES_SQL = "CREATE OR REPLACE TABLE collectives AS" + COLLECTIVES_QUERY.format(part="TRUE")
-# Rows of collective ops aligned in one pass (about 300 bytes of memory each).
-ROWS_PER_PASS = 2_500_000
-
-BANDWIDTH_SQL = """
-CREATE OR REPLACE TABLE collectives AS
 SELECT *,
     CASE WHEN transfer_ns > 0 THEN traffic_bytes / transfer_ns END AS algbw_gbs,
     CASE WHEN transfer_ns > 0 THEN traffic_bytes / transfer_ns * bus_factor END AS busbw_gbs,
     lag_bound_ns IS NOT NULL AND last_lag_ns > lag_bound_ns AS lag_significant,
     lag_bound_ns IS NOT NULL AND last_gpu_lag_ns > lag_bound_ns AS gpu_lag_significant
-FROM collectives
+FROM b
 """
+
+COLLECTIVES_SQL = "CREATE OR REPLACE TABLE collectives AS" + COLLECTIVES_QUERY.format(part="TRUE")
+# Rows of collective ops aligned in one pass (about 300 bytes of memory each).
+ROWS_PER_PASS = 2_500_000
 
 COLLECTIVE_RANKS_SQL = """
 CREATE OR REPLACE VIEW collective_ranks AS
@@ -230,7 +227,6 @@ def align_collectives(run: Run) -> None:
     run.tables["ops_aligned"] = "ops_aligned"
     run.tables["collectives"] = "collectives"
     for name, sql in (
-        ("collectives", BANDWIDTH_SQL),
         ("collective_ranks", COLLECTIVE_RANKS_SQL),
         ("rank_lateness", RANK_LATENESS_SQL),
     ):

@@ -78,8 +78,9 @@ def context(run: Run, summary: dict[str, Any]) -> dict[str, Any]:
         "lacks": text.lacks(gaps, summary),
     }
     late = [r["world_rank"] for r in (summary.get("late_ranks") or [])[:MARKED_LATE_RANKS]]
-    ctx.update(sections.timeline_section(run, world, t0, gaps, late))
-    ctx.update(sections.heatmap_section(run, t0, gaps))
+    delays = data.op_delays(run, world.get("key"), t0)
+    ctx.update(sections.timeline_section(run, world, t0, gaps, late, delays))
+    ctx.update(sections.heatmap_section(t0, gaps, delays))
     ctx.update(sections.bandwidth_section(run))
     ctx.update(sections.clock_section(summary["clock"]))
     ctx.update(sections.findings_section(summary))

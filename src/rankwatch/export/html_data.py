@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from rankwatch.align.clock import correction_sql
 from rankwatch.model import Run
 
 TIMELINE_POINTS = 600  # at most this many points per rank and row of a timeline
@@ -75,48 +76,113 @@ def rows(run: Run, sql: str, params: dict[str, Any] | None = None) -> list[dict[
 
 
 def job_start_ns(run: Run) -> int | None:
-    """Earliest arrival on the reference clock, or None when no op has a timestamp."""
-    value = run.con.execute("SELECT min(arrival_c) FROM ops_aligned").fetchall()[0][0]
+    """Earliest arrival on the reference clock, or None when no op has a timestamp.
+
+    Each host's earliest arrival, then corrected: the correction keeps a host's
+    order of times (its drift is far below one), so this is the earliest corrected
+    arrival of ops_aligned without correcting every op."""
+    value = run.con.execute(
+        f"SELECT min({correction_sql('o.first')}) FROM (SELECT host, min(arrival_ns) AS first "
+        "FROM ops GROUP BY host) AS o LEFT JOIN host_clock c ON c.host = o.host"
+    ).fetchall()[0][0]
     return None if value is None else int(value)
 
 
-TIMELINE_SQL = """
+@dataclass
+class OpDelays:
+    """Per-rank delays behind the earliest rank of each collective, aggregated for the
+    timelines (`world`: the world communicator's collectives in runs of consecutive
+    ops; `others`: the other communicators' in slices of `width_ns` of the job) and
+    for the heatmap (`grid`: every collective two or more ranks saw, in `buckets`
+    slices of equal numbers of collectives). One scan of the ops for all three."""
+
+    world: dict[str, np.ndarray]
+    others: dict[str, np.ndarray]
+    grid: dict[str, np.ndarray]
+    width_ns: float
+    buckets: int
+    collectives: int  # collectives in the heatmap
+
+
+# The collectives, each with its timeline point (line_bucket: a run of consecutive ops
+# of its function on the world communicator, a time slice on the others) and its
+# heatmap slice (grid_bucket, for collectives two or more ranks saw); then every op
+# of a world rank joined to its collective once, aggregated per timeline point and
+# per heatmap cell (GROUPING SETS: `line` 0 marks the timeline rows). n_func counts
+# the collectives of a function on the world communicator, or on all the others.
+DELAYS_SQL = """
 WITH c AS (
     SELECT comm_key, func, seq, first_arrival, first_gpu_start, first_gpu_end,
-           row_number() OVER (PARTITION BY comm_key, func ORDER BY seq) - 1 AS idx,
-           count(*) OVER (PARTITION BY comm_key, func) AS n,
-           count(*) OVER (PARTITION BY func) AS n_func
-    FROM collectives WHERE {where} AND first_arrival IS NOT NULL
-), b AS (
-    SELECT *, {bucket} AS bucket FROM c
+        coalesce(comm_key = $comm, false) AS world,
+        CASE WHEN coalesce(comm_key = $comm, false) THEN CAST(floor(
+                (row_number() OVER (PARTITION BY comm_key, func ORDER BY seq) - 1)
+                * least($points, count(*) OVER (PARTITION BY comm_key, func))
+                / count(*) OVER (PARTITION BY comm_key, func)) AS BIGINT)
+             ELSE least(CAST(floor((first_arrival - $t0) / $width) AS BIGINT), $points - 1)
+        END AS line_bucket,
+        sum(CASE WHEN comm_key IS NOT NULL THEN 1 ELSE 0 END)
+            OVER (PARTITION BY func, coalesce(comm_key = $comm, false)) AS n_func,
+        CASE WHEN n_seen > 1 THEN ntile($buckets) OVER (
+            PARTITION BY n_seen > 1 ORDER BY first_arrival, comm_key, func, seq) - 1
+        END AS grid_bucket
+    FROM collectives WHERE first_arrival IS NOT NULL
 )
-SELECT b.func, o.world_rank AS rank, b.bucket, max(b.n_func) AS n,
-       avg(b.first_arrival - $t0) / 1e9 AS time_s,
-       max(o.arrival_c - b.first_arrival) / 1e3 AS d0,
-       max(o.gpu_start_c - b.first_gpu_start) / 1e3 AS d1,
-       max(o.gpu_end_c - b.first_gpu_end) / 1e3 AS d2
-FROM ops_aligned o JOIN b ON o.comm_key = b.comm_key AND o.func = b.func AND o.seq = b.seq
+SELECT GROUPING(c.world, c.func, c.line_bucket) AS line, c.world, c.func,
+       o.world_rank AS rank, c.line_bucket, c.grid_bucket,
+       max(c.n_func) AS n, avg(c.first_arrival - $t0) / 1e9 AS time_s,
+       max(o.arrival_c - c.first_arrival) / 1e3 AS d0,
+       max(o.gpu_start_c - c.first_gpu_start) / 1e3 AS d1,
+       max(o.gpu_end_c - c.first_gpu_end) / 1e3 AS d2,
+       avg(o.gpu_start_c - c.first_gpu_start) / 1e3 AS gpu_start,
+       avg(o.arrival_c - c.first_arrival) / 1e3 AS arrival,
+       count(o.gpu_start_c) AS n_gpu, count(*) AS n_ops
+FROM ops_aligned o JOIN c ON o.comm_key = c.comm_key AND o.func = c.func AND o.seq = c.seq
 WHERE o.kind = 'coll' AND o.world_rank IS NOT NULL
-GROUP BY ALL ORDER BY ALL
+GROUP BY GROUPING SETS ((c.world, c.func, o.world_rank, c.line_bucket),
+                        (o.world_rank, c.grid_bucket))
+ORDER BY ALL
 """
-SEQ_BUCKET = "CAST(floor(idx * least($points, n) / n) AS BIGINT)"
-TIME_BUCKET = "least(CAST(floor((first_arrival - $t0) / $width) AS BIGINT), $points - 1)"
 
 
-def timelines(run: Run, world_key: str | None, t0: int | None) -> list[Timeline]:
+def op_delays(run: Run, world_key: str | None, t0: int | None) -> OpDelays | None:
+    """The delays the timelines and the heatmap show (see OpDelays); None without times."""
+    if t0 is None:
+        return None
+    end, colls, n_ranks = run.con.execute(
+        "SELECT max(first_arrival), count(*) FILTER (WHERE n_seen > 1), "
+        "(SELECT count(*) FROM processes) FROM collectives WHERE first_arrival IS NOT NULL"
+    ).fetchall()[0]
+    if end is None:
+        return None
+    width = max(1.0, (end - t0 + 1) / TIMELINE_POINTS)
+    buckets = max(1, min(HEATMAP_BUCKETS, HEATMAP_CELLS // max(1, n_ranks), colls))
+    params = {"comm": world_key, "points": TIMELINE_POINTS, "t0": t0, "width": width,
+              "buckets": buckets}  # fmt: skip
+    rows = fetch(run, DELAYS_SQL, params)
+    line = rows["line"] == 0
+    world = line & (rows["world"] == 1)
+    grid = ~line & ~np.isnan(rows["grid_bucket"])
+
+    def part(mask: np.ndarray, bucket: str) -> dict[str, np.ndarray]:
+        out = {k: v[mask] for k, v in rows.items()}
+        out["bucket"] = out[bucket]
+        return out
+
+    return OpDelays(
+        part(world, "line_bucket"), part(line & ~world, "line_bucket"),
+        part(grid, "grid_bucket"), width, buckets, int(colls),
+    )  # fmt: skip
+
+
+def timelines(run: Run, world_key: str | None, delays: OpDelays | None) -> list[Timeline]:
     """Per function: each rank's enqueue/GPU start/GPU end delays behind its peers, on
     the world communicator, then on all the other communicators together."""
-    if world_key is None or t0 is None:
+    if world_key is None or delays is None:
         return []
-    params = {"comm": world_key, "points": TIMELINE_POINTS, "t0": t0}
-    world = fetch(run, TIMELINE_SQL.format(where="comm_key = $comm", bucket=SEQ_BUCKET), params)
+    world, others = delays.world, delays.others
     out = [_timeline(world, f, 1, None) for f in dict.fromkeys(world["func"])]
-    end = run.con.execute("SELECT max(first_arrival) FROM collectives").fetchall()[0][0]
-    if end is None:
+    if not len(others["func"]):
         return out
-    width = max(1.0, (end - t0 + 1) / TIMELINE_POINTS)
-    sql = TIMELINE_SQL.format(where="comm_key <> $comm", bucket=TIME_BUCKET)
-    others = fetch(run, sql, {**params, "width": width})
     comms = dict(
         run.con.execute(
             "SELECT func, count(DISTINCT comm_key) FROM collectives WHERE comm_key <> ? "
@@ -124,6 +190,7 @@ def timelines(run: Run, world_key: str | None, t0: int | None) -> list[Timeline]
             [world_key],
         ).fetchall()
     )
+    width = delays.width_ns
     return out + [
         _timeline(others, f, comms[f], width / 1e9) for f in dict.fromkeys(others["func"])
     ]
@@ -150,46 +217,23 @@ def _timeline(
     )
 
 
-GRID_SQL = """
-WITH c AS (
-    SELECT comm_key, func, seq, first_arrival, first_gpu_start,
-           ntile($buckets) OVER (ORDER BY first_arrival, comm_key, func, seq) - 1 AS bucket
-    FROM collectives WHERE first_arrival IS NOT NULL AND n_seen > 1
-)
-SELECT o.world_rank AS rank, c.bucket, avg(c.first_arrival - $t0) / 1e9 AS time_s,
-       avg(o.gpu_start_c - c.first_gpu_start) / 1e3 AS gpu_start,
-       avg(o.arrival_c - c.first_arrival) / 1e3 AS arrival,
-       count(o.gpu_start_c) AS n_gpu, count(*) AS n
-FROM ops_aligned o JOIN c ON o.comm_key = c.comm_key AND o.func = c.func AND o.seq = c.seq
-WHERE o.kind = 'coll' AND o.world_rank IS NOT NULL
-GROUP BY ALL
-"""
-
-
-def lateness_grid(run: Run, t0: int | None) -> LatenessGrid | None:
+def lateness_grid(delays: OpDelays | None) -> LatenessGrid | None:
     """Rank x time-slice mean delays over every collective seen by two or more ranks.
 
     Slices hold equal numbers of collectives (so none is empty however bursty the job);
     GPU start delays when most ops have a GPU start, else enqueue (arrival) delays.
     """
-    if t0 is None:
+    if delays is None or not delays.collectives:
         return None
-    colls, n_ranks = run.con.execute(
-        "SELECT count(*), (SELECT count(*) FROM processes) FROM collectives "
-        "WHERE n_seen > 1 AND first_arrival IS NOT NULL"
-    ).fetchall()[0]
-    if not colls:
-        return None
-    buckets = max(1, min(HEATMAP_BUCKETS, HEATMAP_CELLS // max(1, n_ranks), colls))
-    data = fetch(run, GRID_SQL, {"t0": t0, "buckets": buckets})
-    phase = "gpu_start" if data["n_gpu"].sum() >= 0.5 * data["n"].sum() else "arrival"
+    data, buckets = delays.grid, delays.buckets
+    phase = "gpu_start" if data["n_gpu"].sum() >= 0.5 * data["n_ops"].sum() else "arrival"
     ranks, rank_idx = np.unique(data["rank"], return_inverse=True)
     slot = data["bucket"].astype(int)
     delay = np.full((len(ranks), buckets), np.nan, dtype=np.float32)
     delay[rank_idx, slot] = data[phase]
     sums = np.bincount(slot, weights=data["time_s"], minlength=buckets)
     time_s = sums / np.maximum(np.bincount(slot, minlength=buckets), 1)
-    return LatenessGrid(phase, ranks.astype(int), time_s, -(-colls // buckets), delay)
+    return LatenessGrid(phase, ranks.astype(int), time_s, -(-delays.collectives // buckets), delay)
 
 
 BANDWIDTH_SQL = """

@@ -51,7 +51,12 @@ def figure(fig: go.Figure, div_id: str, title: str, caption: str) -> Figure:
 
 
 def timeline_section(
-    run: Run, world: dict[str, Any], t0: int | None, gaps: dict[str, int], late: list[int]
+    run: Run,
+    world: dict[str, Any],
+    t0: int | None,
+    gaps: dict[str, int],
+    late: list[int],
+    delays: data.OpDelays | None,
 ) -> dict[str, Any]:
     """The three-row plot per function (world communicator first), or why there is none."""
     name = f" ({world['name']})" if world.get("name") else ""
@@ -62,7 +67,7 @@ def timeline_section(
             timeline_title(t, name),
             timeline_caption(t, late),
         )
-        for i, t in enumerate(data.timelines(run, world.get("key"), t0))
+        for i, t in enumerate(data.timelines(run, world.get("key"), delays))
     ]
     note = None
     if not figs:
@@ -135,9 +140,11 @@ def heatmap_caption(g: data.LatenessGrid) -> str:
     )
 
 
-def heatmap_section(run: Run, t0: int | None, gaps: dict[str, int]) -> dict[str, Any]:
+def heatmap_section(
+    t0: int | None, gaps: dict[str, int], delays: data.OpDelays | None
+) -> dict[str, Any]:
     """The rank x time lateness heatmap, or why there is none."""
-    grid = data.lateness_grid(run, t0)
+    grid = data.lateness_grid(delays)
     if grid is None:
         return {"heatmap": None, "heatmap_note": no_heatmap_note(gaps, t0)}
     fig = figure(
