@@ -1,7 +1,8 @@
 """The aggregations that replaced window functions and distinct counts in align
 give exactly what the straightforward definitions give: every collective's last
 and second-to-last arrival and GPU start (ties broken by rank), its lag bound,
-and every communicator's process and host counts."""
+and every communicator's process and host counts. (What align computes from them,
+transfer time and bandwidth, tests/analysis/test_align.py checks.)"""
 
 from __future__ import annotations
 
@@ -48,26 +49,8 @@ WITH r AS (
              WHEN count(*) FILTER (WHERE clock_bound_ns IS NULL) > 0 THEN NULL
              ELSE sum(CASE WHEN bound_desc <= 2 THEN clock_bound_ns END) END AS lag_bound_ns
     FROM r GROUP BY comm_key, func, seq
-), t AS (
-    SELECT *,
-        CASE WHEN end_minus_last_start > 0 AND lag_bound_ns IS NOT NULL
-                  AND lag_bound_ns * 10 <= end_minus_last_start
-             THEN 'end_minus_last_start' ELSE 'min_duration' END AS transfer_method
-    FROM agg
 )
-SELECT *,
-    CASE WHEN transfer_method = 'end_minus_last_start' THEN end_minus_last_start
-         ELSE min_duration END AS transfer_ns,
-    CASE WHEN func IN ('AllGather', 'ReduceScatter') THEN msg_bytes * n_ranks
-         ELSE msg_bytes END AS traffic_bytes,
-    CASE WHEN func = 'AllReduce' THEN 2.0 * (n_ranks - 1) / n_ranks
-         WHEN func IN ('AllGather', 'ReduceScatter') THEN (n_ranks - 1.0) / n_ranks
-         ELSE 1.0 END AS bus_factor,
-    last_arrival - second_last_arrival AS last_lag_ns,
-    last_gpu_start - second_last_gpu_start AS last_gpu_lag_ns,
-    last_arrival - median_arrival AS last_vs_median_ns,
-    last_gpu_start - median_gpu_start AS last_gpu_vs_median_ns
-FROM t
+SELECT * FROM agg
 """
 
 REFERENCE_COMMUNICATORS = """
@@ -99,8 +82,8 @@ FROM seen s FULL OUTER JOIN declared d ON s.comm_key = d.comm_key
 
 
 def _same(run, table: str, reference: str) -> None:
-    """`table` (its columns the reference has: align adds bandwidth columns to
-    collectives) holds exactly the reference's rows."""
+    """`table` (its columns the reference has: align adds the transfer time and
+    bandwidth to collectives) holds exactly the reference's rows."""
     con = run.con
     ref = con.sql(f"SELECT * FROM {reference}")
     columns = ", ".join(f'"{c}"' for c in ref.columns)
