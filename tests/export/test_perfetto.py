@@ -239,3 +239,33 @@ def test_overlapping_spans_go_to_separate_lanes() -> None:
     spans = [(0, 10), (5, 8), (10, 20), (12, 13), (13, 30)]
     # Then a span shares a lane only with spans it does not overlap, earliest lane first
     assert _lanes(spans) == [0, 1, 0, 1, 1]
+
+
+def test_the_cyclic_collector_is_paused_while_writing_and_restored(run, tmp_path: Path) -> None:
+    import gc
+
+    from rankwatch.export import perfetto
+
+    seen: list[bool] = []
+    real_emit = perfetto._emit
+
+    def emit(*args: Any) -> None:
+        seen.append(gc.isenabled())
+        real_emit(*args)
+
+    # Given a collector that is on, then one that is off
+    for enabled in (True, False):
+        (gc.enable if enabled else gc.disable)()
+        try:
+            perfetto._emit = emit
+            write_perfetto(run, tmp_path / "t.pftrace")
+            # Then it was paused while the trace was built, and is as it was after
+            assert seen.pop() is False
+            assert gc.isenabled() is enabled
+            # also when writing fails
+            with pytest.raises(OSError):
+                write_perfetto(run, tmp_path / "missing-dir" / "t.pftrace")
+            assert gc.isenabled() is enabled
+        finally:
+            perfetto._emit = real_emit
+            gc.enable()
