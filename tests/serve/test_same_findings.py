@@ -56,6 +56,14 @@ def replayed(dump: Path, tmp: Path, key: str | None, speed: float | None = None)
         mon.stop()
 
 
+def slow_gpu_job(dump: Path) -> Path:
+    """16 ranks on 2 hosts whose clocks differ by up to 300 us (TP 2 x DP 8), rank 5's
+    GPU late by 2 ms from step 30, simulated into `dump`."""
+    slow = SlowFault(5, 30, "gpu", 2000.0)
+    simulate(SimConfig(ranks=16, hosts=2, tp=2, steps=80, clock_offset_us=300, slow=slow), dump)
+    return dump
+
+
 def check_same(scenario: Callable[[Path], tuple[dict, Path]], tmp: Path) -> None:
     """Live findings equal offline ones on every attempt; a loaded machine can stall
     ranks enough to hide the injected straggler, so one more run is allowed for it."""
@@ -133,11 +141,9 @@ def test_a_monitor_started_after_the_job_reads_its_files_whole(tmp_path: Path) -
 def test_replay_across_hosts_and_communicators_gives_the_findings_of_analyze(
     tmp_path: Path,
 ) -> None:
-    """16 ranks on 2 hosts whose clocks differ by up to 300 us (TP 2 x DP 8), rank 5's
-    GPU late from step 30, simulated; replayed as fast as the monitor reads."""
-    dump = tmp_path / "sim"
-    slow = SlowFault(5, 30, "gpu", 2000.0)
-    simulate(SimConfig(ranks=16, hosts=2, tp=2, steps=80, clock_offset_us=300, slow=slow), dump)
+    """A job across hosts and communicators (slow_gpu_job), replayed as fast as the
+    monitor reads."""
+    dump = slow_gpu_job(tmp_path / "sim")
     live = replayed(dump, tmp_path, "sim")
     offline = keys(offline_findings(dump))
     assert keys(live["findings"]) == offline
@@ -186,11 +192,10 @@ def test_real_gpu_records_replayed_at_their_pace_give_the_findings_of_analyze(
 
 def test_detector_settings_reach_the_live_detectors(tmp_path: Path) -> None:
     """`monitor --detect` sets the live detectors' thresholds as `analyze --detect`
-    sets the offline ones: the straggler the defaults find (the replay above) is not
-    reported with thresholds a 2 ms delay cannot reach."""
-    dump = tmp_path / "sim"
-    slow = SlowFault(5, 30, "gpu", 2000.0)
-    simulate(SimConfig(ranks=16, hosts=2, tp=2, steps=80, clock_offset_us=300, slow=slow), dump)
+    sets the offline ones: the straggler the defaults find in slow_gpu_job (the
+    replay across hosts and communicators above) is not reported with thresholds a
+    2 ms delay cannot reach."""
+    dump = slow_gpu_job(tmp_path / "sim")
     mon = start_monitor(tmp_path, "--detect", "z_hit=1e6", "--detect", "cusum_h=1e9")
     try:
         replay(dump, mon.listen)

@@ -1039,12 +1039,7 @@ class StragglerDetector:
         mine = r.arrival_c >= since[r.proc]
         if not mine.any():
             return
-        n = self.ctx.topo.n_procs
-        own = np.bincount(r.proc[mine], weights=r.d_gap[mine], minlength=n)
-        for p in np.unique(r.proc[mine]).tolist():
-            cul = culprits[p]
-            cul.extra["own_ns"] = cul.extra.get("own_ns", 0.0) + float(own[p])
-        self._peer_own(r, culprits, since)
+        self._own_delays(r, culprits, since)
         starts = {p: [e["detected_ns"] for e in c.extra["episodes"]] for p, c in culprits.items()}
         for i in np.flatnonzero(r.hit & mine).tolist():
             p = int(r.proc[i])
@@ -1070,16 +1065,18 @@ class StragglerDetector:
             if len(cul.ops) < SAMPLE_OPS:
                 cul.ops.append(self._op(r, i, z[i]))
 
-    def _peer_own(self, r: Recs, culprits: dict[int, Culprit], since: np.ndarray) -> None:
-        """Every rank's own delay over each culprit's time (from its confirmation on),
-        for report.costly to tell a rank later than its peers from one that merely
-        had its share of a noisy job's stalls. Only the records of a significant
-        delay (d_gap, few) are visited per culprit."""
+    def _own_delays(self, r: Recs, culprits: dict[int, Culprit], since: np.ndarray) -> None:
+        """Every rank's own delay over each culprit's time (from its confirmation on):
+        the culprit's own (own_ns), and its peers' (peer_own) for report.costly to
+        tell a rank later than its peers from one that merely had its share of a
+        noisy job's stalls. Only the records of a significant delay (d_gap, few) are
+        visited per culprit."""
         late = np.flatnonzero(r.d_gap != 0)
         n = self.ctx.topo.n_procs
         for p, cul in culprits.items():
             sel = late[r.arrival_c[late] >= since[p]]
             got = np.bincount(r.proc[sel], weights=r.d_gap[sel], minlength=n)
+            cul.extra["own_ns"] = cul.extra.get("own_ns", 0.0) + float(got[p])
             held = cul.extra.get("peer_own")
             cul.extra["peer_own"] = got if held is None else held + got
 
