@@ -24,12 +24,22 @@ otherwise `min_duration` = the shortest gpu_end - gpu_start of any rank, which i
 clock-free (the last starter does not wait) but includes its own launch jitter.
 Bus bandwidth uses the nccl-tests factors: AllReduce 2(n-1)/n; AllGather and
 ReduceScatter (n-1)/n with traffic msg x n; others 1.
+
+Two forms compute collectives and rank_lateness: the SQL below, and compiled
+kernels (kernels.py) over the collective columns the native reader kept while
+parsing, which give the same rows (tests/analysis/test_align_kernels.py) for
+about a third of the CPU time. The kernels run when those columns are exactly
+the ops table's collective rows; the SQL everywhere else.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
+from rankwatch.align import kernels
 from rankwatch.align.clock import correction_sql
 from rankwatch.model import Run
+from rankwatch.store.captured import CollectiveColumns
 
 OPS_ALIGNED_SQL = f"""
 CREATE OR REPLACE VIEW ops_aligned AS
@@ -66,7 +76,7 @@ FROM ops_aligned WHERE kind = 'coll'
 # collective in memory until its group is done, and aggregation states do not
 # spill, so large jobs are aligned in several passes over disjoint sets of
 # sequence numbers (align_collectives), each bounded in memory.
-COLLECTIVES_QUERY = """
+JOINED_CTES = """
 WITH agg AS (
     SELECT comm_key, func, seq,
         max(n_ranks) AS n_ranks, count(*) AS n_seen, max(msg_bytes) AS msg_bytes,
@@ -131,7 +141,12 @@ WITH agg AS (
         AND a.func IS NOT DISTINCT FROM p.func AND a.seq IS NOT DISTINCT FROM p.seq
     JOIN names nm ON a.comm_key IS NOT DISTINCT FROM nm.comm_key
         AND a.func IS NOT DISTINCT FROM nm.func AND a.seq IS NOT DISTINCT FROM nm.seq
-), t AS (
+)"""
+
+# What follows the `joined` rows: the transfer time and the bandwidth. The SQL
+# form reads `joined` from JOINED_CTES, the compiled one (kernels.py) from the rows
+# its kernels computed.
+TAIL = """, t AS (
     SELECT *,
         CASE WHEN end_minus_last_start > 0 AND lag_bound_ns IS NOT NULL
                   AND lag_bound_ns * 10 <= end_minus_last_start
@@ -159,10 +174,13 @@ SELECT *,
     lag_bound_ns IS NOT NULL AND last_gpu_lag_ns > lag_bound_ns AS gpu_lag_significant
 FROM b
 """
+COLLECTIVES_QUERY = JOINED_CTES + TAIL
 
 COLLECTIVES_SQL = "CREATE OR REPLACE TABLE collectives AS" + COLLECTIVES_QUERY.format(part="TRUE")
-# Rows of collective ops aligned in one pass (about 300 bytes of memory each).
+# Rows of collective ops aligned in one pass: about 300 bytes of memory each in
+# SQL, about 190 in the compiled form (rwa_prepare's rows and rwa_group's arrays).
 ROWS_PER_PASS = 2_500_000
+NATIVE_ROWS_PER_PASS = 2_000_000
 
 COLLECTIVE_RANKS_SQL = """
 CREATE OR REPLACE VIEW collective_ranks AS
@@ -182,8 +200,7 @@ JOIN collectives c ON c.comm_key = o.comm_key AND c.func = o.func AND c.seq = o.
 WHERE o.kind = 'coll'
 """
 
-RANK_LATENESS_SQL = """
-CREATE OR REPLACE TABLE rank_lateness AS
+RANK_LATENESS_QUERY = """
 SELECT world_rank, min(host) AS host,
        count(*) AS collectives,
        count(*) FILTER (WHERE is_last_arrival AND n_seen > 1) AS times_last_arrival,
@@ -202,33 +219,103 @@ SELECT world_rank, min(host) AS host,
 FROM collective_ranks
 GROUP BY world_rank
 """
+RANK_LATENESS_SQL = "CREATE OR REPLACE TABLE rank_lateness AS" + RANK_LATENESS_QUERY
+
+
+def _passes(rows: int, rows_per_pass: int) -> int:
+    return max(1, -(-rows // rows_per_pass))
+
+
+def _part(i: int, passes: int) -> str:
+    """The collectives of pass i of `passes`: every one in exactly one pass,
+    whatever its seq (null, negative)."""
+    if passes == 1:
+        return "TRUE"
+    return f"coalesce((seq % {passes} + {passes}) % {passes}, 0) = {i}"
 
 
 def _collectives(run: Run) -> None:
-    """Create collectives, in one pass or, for large jobs, several (see COLLECTIVES_QUERY)."""
+    """Create collectives with SQL, in one pass or, for large jobs, several (see
+    COLLECTIVES_QUERY)."""
     rows = int(run.con.execute("SELECT count(*) FROM ops WHERE kind = 'coll'").fetchall()[0][0])
-    passes = max(1, -(-rows // ROWS_PER_PASS))
-    if passes == 1:
-        run.con.execute(COLLECTIVES_SQL)
-        return
+    passes = _passes(rows, ROWS_PER_PASS)
     for i in range(passes):
-        # every collective in exactly one pass, whatever its seq (null, negative)
-        where = f"coalesce((seq % {passes} + {passes}) % {passes}, 0) = {i}"
-        part = COLLECTIVES_QUERY.format(part=where)
         target = "INSERT INTO collectives" if i else "CREATE OR REPLACE TABLE collectives AS"
-        run.con.execute(target + part)
+        run.con.execute(target + COLLECTIVES_QUERY.format(part=_part(i, passes)))
+
+
+def _cast_select(con: Any, query: str) -> str:
+    """SELECT list giving the column names and types `query` yields."""
+    described = con.execute(f"DESCRIBE {query}").fetchall()
+    return ", ".join(
+        f'CAST("{name}" AS {sql_type}) AS "{name}"' for name, sql_type, *_ in described
+    )
+
+
+def _usable_kept(run: Run) -> CollectiveColumns | None:
+    """The collective columns the native reader kept, when they are exactly the
+    ops table's collective rows (every op came through it) and the kernels exist."""
+    kept = run.meta.pop("collectives_kept", None)
+    if kept is None or kernels.library() is None:
+        return None
+    rows = int(run.con.execute("SELECT count(*) FROM ops WHERE kind = 'coll'").fetchall()[0][0])
+    return kept if rows == kept.rows else None
+
+
+def _collectives_native(run: Run) -> kernels.Lateness | None:
+    """Create collectives with the compiled kernels (kernels.py) from the kept
+    columns, in passes as the SQL form; returns the rank lateness sums, or None when
+    there are no usable kept columns or a kernel declines (nothing is left created
+    then: the caller runs the SQL form)."""
+    kept = _usable_kept(run)
+    if kept is None:
+        return None
+    con = run.con
+    casts = _cast_select(con, JOINED_CTES.format(part="FALSE") + " SELECT * FROM joined")
+    try:
+        job = kernels.job_tables(con, kept)
+        late = kernels.Lateness(job.hosts, job.worlds)
+        passes = _passes(kept.rows, NATIVE_ROWS_PER_PASS)
+        for i, rows in enumerate(kernels.collectives_from_kept(kept, job, passes, late)):
+            target = "INSERT INTO collectives" if i else "CREATE OR REPLACE TABLE collectives AS"
+            con.register("rankwatch_joined", rows)
+            try:
+                con.execute(f"{target} WITH joined AS (SELECT {casts} FROM rankwatch_joined){TAIL}")
+            finally:
+                con.unregister("rankwatch_joined")
+    except kernels.Declined:
+        con.execute("DROP TABLE IF EXISTS collectives")
+        return None
+    return late
+
+
+def _rank_lateness_native(run: Run, late: kernels.Lateness) -> None:
+    """rank_lateness from the kernels' sums, typed as RANK_LATENESS_SQL's columns."""
+    import pyarrow as pa
+
+    casts = _cast_select(run.con, RANK_LATENESS_QUERY)
+    run.con.register("rankwatch_lateness", pa.table(late.rows()))
+    try:
+        run.con.execute(
+            f"CREATE OR REPLACE TABLE rank_lateness AS SELECT {casts} FROM rankwatch_lateness"
+        )
+    finally:
+        run.con.unregister("rankwatch_lateness")
 
 
 def align_collectives(run: Run) -> None:
     """Create ops_aligned, collectives, collective_ranks and rank_lateness."""
     run.con.execute(OPS_ALIGNED_SQL)
     run.con.execute(COLLECTIVE_OPS_SQL)  # internal: read by COLLECTIVES_QUERY only
-    _collectives(run)
+    late = _collectives_native(run)
+    if late is None:
+        _collectives(run)
     run.tables["ops_aligned"] = "ops_aligned"
     run.tables["collectives"] = "collectives"
-    for name, sql in (
-        ("collective_ranks", COLLECTIVE_RANKS_SQL),
-        ("rank_lateness", RANK_LATENESS_SQL),
-    ):
-        run.con.execute(sql)
-        run.tables[name] = name
+    run.con.execute(COLLECTIVE_RANKS_SQL)
+    run.tables["collective_ranks"] = "collective_ranks"
+    if late is None:
+        run.con.execute(RANK_LATENESS_SQL)
+    else:
+        _rank_lateness_native(run, late)
+    run.tables["rank_lateness"] = "rank_lateness"

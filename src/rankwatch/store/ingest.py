@@ -25,7 +25,7 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from rankwatch.store import load, native
+from rankwatch.store import captured, load, native
 from rankwatch.store.checks import check_op, check_state
 from rankwatch.store.discover import RecordFile
 from rankwatch.store.engine import compact
@@ -130,34 +130,49 @@ def _load_op_files(con: Any, files: list[RecordFile]) -> dict[str, load.OpFileCo
     return per_file
 
 
-def _load_native(con: Any, files: list[RecordFile], workers: int) -> dict[str, native.FileOutcome]:
+def _load_native(
+    con: Any,
+    files: list[RecordFile],
+    workers: int,
+    capture: captured.CollectiveCapture | None = None,
+) -> dict[str, native.FileOutcome]:
     """The native reader over the files of rankwatch records (see native.py); the
-    outcomes of the files it took whole, or whole but for a truncated last line.
-    Tables are compressed between rounds once they grow large (engine.compact)."""
+    outcomes of the files it took whole, or whole but for a truncated last line
+    (`capture` keeps the collective rows of those). Tables are compressed between
+    rounds once they grow large (engine.compact)."""
     mine = [f for f in files if f.format == "rankwatch"]
     if not workers or not mine:
         return {}
-    outcomes = native.load_files(con, mine, workers, between=lambda: compact(con))
+    outcomes = native.load_files(con, mine, workers, between=lambda: compact(con), capture=capture)
     taken = {}
     for f in mine:
         outcome = outcomes[f.path]
         if outcome.clean or (outcome.truncated_candidate and _last_line_broken(f)):
             taken[f.path] = outcome
-        elif outcome.rows and not outcome.reject:
+            continue
+        if outcome.rows and not outcome.reject:
             load.delete_files(con, "ops", [f.path])  # it goes through DuckDB's reader
+        if capture is not None:
+            capture.drop(f.path)
     return taken
 
 
 def ingest_ops(
-    con: Any, files: list[RecordFile], log: ProblemLog, tmpdir: str, native_workers: int = 0
+    con: Any,
+    files: list[RecordFile],
+    log: ProblemLog,
+    tmpdir: str,
+    native_workers: int = 0,
+    capture: captured.CollectiveCapture | None = None,
 ) -> tuple[list[str], list[str]]:
     """Load op files; returns the paths that needed the careful reader, and those the
     native reader took.
 
     native_workers > 0: files of rankwatch records go through the native reader
-    with that many parsing threads first; whatever it does not take whole goes
-    through DuckDB's reader as before. Problems are reported in file order either way."""
-    taken = _load_native(con, files, native_workers)
+    with that many parsing threads first (their collective rows also kept in
+    `capture`); whatever it does not take whole goes through DuckDB's reader as
+    before. Problems are reported in file order either way."""
+    taken = _load_native(con, files, native_workers, capture)
     rest = [f for f in files if f.path not in taken]
     per_file = _load_op_files(con, rest)
     redo = []

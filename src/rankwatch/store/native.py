@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 
 from rankwatch import nativelib, schema
+from rankwatch.store import captured
 from rankwatch.store.discover import RecordFile
 from rankwatch.store.tables import OP_COLUMNS, OP_GROUP_FIELDS, op_json_columns
 
@@ -179,6 +180,27 @@ def build_layout() -> Layout:
     return Layout(("\n".join(lines) + "\n").encode(), group_slots, tuple(columns), tuple(codes))
 
 
+def column_for(shape: Layout, ops_column: str) -> Column:
+    """The output column the ops table's `ops_column` is read from: the one record
+    field its lean projection names (KeyError/RuntimeError when it names none or
+    several)."""
+    lean = {name: (lean_expr or expr) for name, _, expr, lean_expr in OP_COLUMNS}
+    refs = set(_FIELD_REF.findall(lean[ops_column]))
+    if len(refs) != 1:
+        raise RuntimeError(f"ops.{ops_column}: expected one field in {lean[ops_column]!r}")
+    group, name = refs.pop()
+    for c in shape.columns:
+        if (c.group, c.name) == (group, name):
+            return c
+    raise KeyError(f"{group}.{name}")
+
+
+def capture_slots(shape: Layout) -> dict[str, int]:
+    """The slot of each ops column a CollectiveCapture keeps."""
+    names = (*captured.MEMBER_COLUMNS, *captured.ROW_COLUMNS, captured.KIND_COLUMN)
+    return {name: column_for(shape, name).slot for name in names}
+
+
 # --------------------------------------------------------------------- chunks
 
 
@@ -288,16 +310,9 @@ class Reader:
     def _key_checks(self) -> tuple[Column, ...]:
         """Columns the DuckDB path requires non-null for a clean op (OP_KEY_COLUMNS
         as the lean projection computes them: host, pid, comm_id, rank, func)."""
-        lean = {name: (lean_expr or expr) for name, _, expr, lean_expr in OP_COLUMNS}
         from rankwatch.store.tables import OP_KEY_COLUMNS
 
-        out = []
-        for key in OP_KEY_COLUMNS:
-            refs = _FIELD_REF.findall(lean[key])
-            if len(refs) != 1:
-                raise RuntimeError(f"ops.{key}: expected one field in {lean[key]!r}")
-            out.append(self.layout.columns[self._column_index(*refs[0])])
-        return tuple(out)
+        return tuple(column_for(self.layout, key) for key in OP_KEY_COLUMNS)
 
     # ------------------------------------------------------------ strings
 
@@ -646,12 +661,19 @@ class _Coalescer:
 
 
 def _file_batches(
-    reader: Reader, shape: Layout, rf: RecordFile, outcome: FileOutcome
+    reader: Reader,
+    shape: Layout,
+    rf: RecordFile,
+    outcome: FileOutcome,
+    capture: captured.CollectiveCapture | None = None,
 ) -> Iterator[Any]:
-    """rf's records as Arrow batches (Reader.read's chunks, see to_arrow)."""
+    """rf's records as Arrow batches (Reader.read's chunks, see to_arrow), their
+    collective rows also kept in `capture`."""
     keys: list[str | None] = []
     for chunk, strings in reader.read(rf, outcome):
         keys += comm_keys(strings[len(keys) :])
+        if capture is not None:
+            capture.add(rf.path, chunk, strings, keys)
         yield to_arrow(shape, chunk, strings, rf.path, keys)
 
 
@@ -661,13 +683,14 @@ def load_files(
     workers: int,
     between: Callable[[], object] | None = None,
     round_rows: int = ROUND_ROWS,
+    capture: captured.CollectiveCapture | None = None,
 ) -> dict[str, FileOutcome]:
     """Append the records of `files` to `ops`: `workers` threads parse, and INSERT
     statements stream their chunks into DuckDB, one per round of about
     `round_rows` rows (a statement appends several times faster than one per
     chunk), calling `between()` after each round (e.g. to compress the tables).
     Returns each file's outcome; the rows of a file with outcome.reject are
-    removed again (it needs the DuckDB path)."""
+    removed again (it needs the DuckDB path), from `capture` too."""
     import pyarrow as pa
 
     from rankwatch.store import load
@@ -701,7 +724,7 @@ def load_files(
                         rf = pending.pop()
                     outcome = outcomes[rf.path]
                     try:
-                        batches = _file_batches(reader, shape, rf, outcome)
+                        batches = _file_batches(reader, shape, rf, outcome, capture)
                         first, second = next(batches, None), next(batches, None)
                         if second is None:  # read in one chunk: joined with other files'
                             if first is not None and not outcome.reject:
@@ -762,4 +785,8 @@ def load_files(
     if failures:
         raise failures[0]
     load.delete_files(con, "ops", [p for p, o in outcomes.items() if o.reject and o.rows])
+    if capture is not None:
+        for path, outcome in outcomes.items():
+            if outcome.reject:
+                capture.drop(path)
     return outcomes

@@ -12,7 +12,8 @@ from typing import Any
 
 from rankwatch.errors import ConfigError
 from rankwatch.model import BASE_TABLES, Problem, Run
-from rankwatch.store import tables
+from rankwatch.store import native, tables
+from rankwatch.store.captured import CollectiveCapture, CollectiveColumns
 from rankwatch.store.discover import RecordFile, Skipped, discover
 from rankwatch.store.engine import EngineSettings, compact, configure, use_compressed_memory
 from rankwatch.store.ingest import (
@@ -39,6 +40,9 @@ class Store:
     careful_files: list[str] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)
     native_files: list[str] = field(default_factory=list)  # read by the native reader
+    # the collective ops' alignment columns, kept by the native reader (see
+    # rankwatch.store.captured; rankwatch.align checks they match `ops`)
+    collectives_kept: CollectiveColumns | None = None
 
     def count(self, table: str) -> int:
         return int(self.con.execute(f"SELECT count(*) FROM {table}").fetchall()[0][0])
@@ -55,6 +59,8 @@ class Store:
             "careful_files": self.careful_files,
             "timings": dict(self.timings),
         }
+        if self.collectives_kept is not None:
+            meta["collectives_kept"] = self.collectives_kept  # align uses and drops it
         return Run(self.con, {t: t for t in BASE_TABLES}, meta, list(self.problems), self.path)
 
 
@@ -164,7 +170,9 @@ def ingest(
             timed(timings, "ops"),
             reporter.step(f"reading {len(ops)} op record file(s)", _query_fraction(con)),
         ):
-            careful, native_files = ingest_ops(con, ops, log, tmpdir, settings.native_workers())
+            workers = settings.native_workers()
+            capture = CollectiveCapture(native.capture_slots(native.layout())) if workers else None
+            careful, native_files = ingest_ops(con, ops, log, tmpdir, workers, capture)
             compact(con)
         with timed(timings, "state"), reporter.step(f"reading {len(state)} state file(s)"):
             careful += ingest_state(con, state, log, tmpdir)
@@ -174,4 +182,7 @@ def ingest(
     if store_str is not None:
         with timed(timings, "save"), reporter.step(f"saving the store to {store_str}"):
             con = save(con, store_str, tmp_db, settings)
-    return Store(con, files, skipped, log.problems(), store_str, careful, timings, native_files)
+    store = Store(con, files, skipped, log.problems(), store_str, careful, timings, native_files)
+    if capture is not None:
+        store.collectives_kept = capture.finish()
+    return store

@@ -1,0 +1,547 @@
+/* rwalign: compiled kernels of rankwatch's cross-rank alignment.
+ *
+ * rankwatch.align.kernels loads this library with ctypes. rwa_group and
+ * rwa_collectives compute, in one pass over a job's collective ops, what the SQL
+ * form in rankwatch/align/collectives.py computes with three hash aggregations
+ * and two joins over every op: each collective's arrivals, last arriver, transfer
+ * and clock bound (the `joined` rows of COLLECTIVES_QUERY), and each world rank's
+ * lateness (RANK_LATENESS_SQL's sums and counts). The SQL form stays the reference
+ * and the fallback; the tests compare both, NULLs included, on the rules SQL
+ * applies: aggregates skip NULLs, arg_min skips rows whose argument or key is
+ * NULL, a comparison with NULL is not true, a median is PERCENTILE_CONT(0.5).
+ *
+ * Conventions: arrays are C-contiguous; a column's validity is a uint8 array of
+ * the same length (1: a value, 0: NULL). String columns arrive as codes in the
+ * order of their strings (so a minimum of codes is the minimum string), -1 for
+ * NULL. A kernel validates every index it will use before writing anything and
+ * returns RWA_RANGE when one is out of range; RWA_OVERFLOW when an int64 result
+ * would overflow, where SQL raises an error (the caller then runs the SQL form).
+ *
+ * No allocation, no global state: thread-compatible.
+ */
+#include <math.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "rwalign.h"
+
+#define RWA_EXPORT __attribute__((visibility("default")))
+
+static uint64_t mix(uint64_t h) {
+  h ^= h >> 33;
+  h *= 0xff51afd7ed558ccdULL;
+  h ^= h >> 33;
+  h *= 0xc4ceb9fe1a85ec53ULL;
+  return h ^ (h >> 33);
+}
+
+static uint64_t key_hash(int64_t comm, int64_t func, int64_t seq, int seq_ok) {
+  uint64_t h = mix((uint64_t)comm * 0x9e3779b97f4a7c15ULL + (uint64_t)func);
+  return mix(h ^ (seq_ok ? (uint64_t)seq : 0x5bd1e9955bd1e995ULL));
+}
+
+static int same_key(int64_t a, int64_t b, const int64_t *comm, const int64_t *func,
+                    const int64_t *seq, const uint8_t *seq_ok) {
+  if (comm[a] != comm[b] || func[a] != func[b] || seq_ok[a] != seq_ok[b]) return 0;
+  return !seq_ok[a] || seq[a] == seq[b];
+}
+
+/* Rows grouped by (comm, func, seq) with NULL a value of its own (codes -1 for
+ * NULL communicator or function, seq_ok 0 for NULL seq), as GROUP BY groups them.
+ * Groups are numbered in order of first appearance; group[i] is row i's, first[g]
+ * the first row of group g, order lists the rows group by group (in row order
+ * within a group), and group g's rows are order[starts[g] .. starts[g + 1]).
+ * `table`: cap int64 of scratch, cap a power of two >= 2n. `starts` holds n + 1.
+ * Returns the number of groups. */
+RWA_EXPORT int64_t rwa_group(int64_t n, const int64_t *comm, const int64_t *func,
+                             const int64_t *seq, const uint8_t *seq_ok, int64_t cap,
+                             int64_t *table, int64_t *first, int64_t *group, int64_t *order,
+                             int64_t *starts) {
+  if (n < 0 || cap < 2 * n || cap < 1 || (cap & (cap - 1)) != 0) return RWA_RANGE;
+  uint64_t mask = (uint64_t)cap - 1;
+  for (int64_t s = 0; s < cap; s++) table[s] = -1;
+  int64_t count = 0;
+  for (int64_t i = 0; i < n; i++) {
+    if (i > 0 && same_key(i, i - 1, comm, func, seq, seq_ok)) { /* runs: the usual case */
+      group[i] = group[i - 1];
+      continue;
+    }
+    uint64_t at = key_hash(comm[i], func[i], seq[i], seq_ok[i]) & mask;
+    int64_t g;
+    for (;;) {
+      g = table[at];
+      if (g < 0 || same_key(first[g], i, comm, func, seq, seq_ok)) break;
+      at = (at + 1) & mask;
+    }
+    if (g < 0) {
+      g = count++;
+      table[at] = g;
+      first[g] = i;
+    }
+    group[i] = g;
+  }
+  /* counting sort of the rows by group, stable */
+  for (int64_t g = 0; g <= count; g++) starts[g] = 0;
+  for (int64_t i = 0; i < n; i++) starts[group[i] + 1]++;
+  for (int64_t g = 0; g < count; g++) starts[g + 1] += starts[g];
+  for (int64_t i = 0; i < n; i++) order[starts[group[i]]++] = i;
+  for (int64_t g = count; g > 0; g--) starts[g] = starts[g - 1];
+  starts[0] = 0;
+  return count;
+}
+
+/* ------------------------------------------------------------------ medians */
+
+static void insertion_sort(int64_t *a, int64_t n) {
+  for (int64_t i = 1; i < n; i++) {
+    int64_t v = a[i], j = i;
+    while (j > 0 && a[j - 1] > v) {
+      a[j] = a[j - 1];
+      j--;
+    }
+    a[j] = v;
+  }
+}
+
+static void sift_down(int64_t *a, int64_t root, int64_t n) {
+  for (;;) {
+    int64_t child = 2 * root + 1;
+    if (child >= n) return;
+    if (child + 1 < n && a[child + 1] > a[child]) child++;
+    if (a[root] >= a[child]) return;
+    int64_t t = a[root];
+    a[root] = a[child];
+    a[child] = t;
+    root = child;
+  }
+}
+
+static void sort_values(int64_t *a, int64_t n) {
+  if (n <= 32) {
+    insertion_sort(a, n);
+    return;
+  }
+  for (int64_t i = n / 2 - 1; i >= 0; i--) sift_down(a, i, n);
+  for (int64_t end = n - 1; end > 0; end--) {
+    int64_t t = a[0];
+    a[0] = a[end];
+    a[end] = t;
+    sift_down(a, 0, end);
+  }
+}
+
+/* PERCENTILE_CONT(0.5) of m sorted values as DuckDB forms it: the middle value
+ * as a double, or lo + (hi - lo) * 0.5 with both cast to double first. */
+static double median_of(int64_t *a, int64_t m) {
+  sort_values(a, m);
+  if (m % 2) return (double)a[m / 2];
+  double lo = (double)a[m / 2 - 1], hi = (double)a[m / 2];
+  return lo + (hi - lo) * 0.5;
+}
+
+/* ---------------------------------------------------------------- one group */
+
+/* A nullable int64 aggregate. */
+typedef struct {
+  int64_t v;
+  int ok;
+} opt_t;
+
+static void take_min(opt_t *o, int64_t v) {
+  if (!o->ok || v < o->v) *o = (opt_t){v, 1};
+}
+
+static void take_max(opt_t *o, int64_t v) {
+  if (!o->ok || v > o->v) *o = (opt_t){v, 1};
+}
+
+typedef struct {
+  const int64_t *in;
+  const uint8_t *ok;
+  int64_t n;
+} cols_t;
+
+/* row-major: a row's columns share a cache line or two, and a collective's rows
+ * lie all over the input (one rank's file after another's) */
+static int64_t val(const cols_t *c, int col, int64_t i) { return c->in[i * RWA_IN + col]; }
+static int has(const cols_t *c, int col, int64_t i) { return c->ok[i * RWA_IN + col]; }
+
+/* The last arriver by one time column: among rows at the latest time (every row
+ * when no time is known), the smallest rank, and the world rank and host of the
+ * row with the smallest rank among those having one (SQL's min and arg_min). */
+typedef struct {
+  opt_t rank, world, host;
+  int64_t world_key, host_key; /* the rank arg_min compared */
+} last_t;
+
+static void last_visit(last_t *l, const cols_t *c, int64_t i) {
+  if (!has(c, RWA_IN_RANK, i)) return;
+  int64_t r = val(c, RWA_IN_RANK, i);
+  take_min(&l->rank, r);
+  if (has(c, RWA_IN_WORLD_RANK, i) && (!l->world.ok || r < l->world_key)) {
+    l->world = (opt_t){val(c, RWA_IN_WORLD_RANK, i), 1};
+    l->world_key = r;
+  }
+  int64_t h = val(c, RWA_IN_HOST, i);
+  if (h >= 0 && (!l->host.ok || r < l->host_key)) {
+    l->host = (opt_t){h, 1};
+    l->host_key = r;
+  }
+}
+
+/* Second-to-last of a time column: the latest time again when two or more rows
+ * share it, else the latest earlier one. */
+static opt_t second_last(opt_t last, int64_t at_last, opt_t before) {
+  if (at_last >= 2) return last;
+  return before;
+}
+
+typedef struct {
+  int64_t *out_i64;
+  double *out_f64;
+  uint8_t *out_ok;
+  int64_t n_groups;
+} out_t;
+
+static void put_i(out_t *o, int col, int64_t g, opt_t v) {
+  o->out_i64[col * o->n_groups + g] = v.ok ? v.v : 0;
+  o->out_ok[col * o->n_groups + g] = (uint8_t)v.ok;
+}
+
+static void put_f(out_t *o, int col, int64_t g, double v, int ok) {
+  o->out_f64[col * o->n_groups + g] = ok ? v : 0.0;
+  o->out_ok[(RWA_OUT_I64 + col) * o->n_groups + g] = (uint8_t)ok;
+}
+
+static double median_col(const cols_t *c, int col, const int64_t *rows, int64_t m,
+                         int64_t *scratch, int *ok) {
+  int64_t k = 0;
+  for (int64_t j = 0; j < m; j++)
+    if (has(c, col, rows[j])) scratch[k++] = val(c, col, rows[j]);
+  *ok = k > 0;
+  return k ? median_of(scratch, k) : 0.0;
+}
+
+/* What one group's rows add to its world ranks' lateness (RANK_LATENESS_SQL over
+ * COLLECTIVE_RANKS_SQL, whose join keeps only rows with non-NULL keys). */
+typedef struct {
+  opt_t last_a, last_g, lag_a, lag_g; /* latest times, and the lag each last one caused */
+  double med_a, med_g, bound;
+  int med_a_ok, med_g_ok, bound_ok;
+  int64_t n_seen;
+} late_in_t;
+
+static int add_sum(int64_t *sum, int64_t v) { return !__builtin_add_overflow(*sum, v, sum); }
+
+static int late_row(const late_in_t *t, const cols_t *c, int64_t i, int64_t n_world,
+                    int64_t *li, double *lf) {
+  int64_t w = val(c, RWA_IN_WORLD_CODE, i);
+  li[RWA_L_COLLECTIVES * n_world + w]++;
+  int64_t h = val(c, RWA_IN_HOST, i);
+  int64_t *host = &li[RWA_L_HOST * n_world + w];
+  if (h >= 0 && (*host < 0 || h < *host)) *host = h;
+  int multi = t->n_seen > 1;
+  int cols[2] = {RWA_IN_ARRIVAL, RWA_IN_GPU_START};
+  const opt_t *last[2] = {&t->last_a, &t->last_g}, *lag[2] = {&t->lag_a, &t->lag_g};
+  const int count_at[2] = {RWA_L_LAST_ARRIVALS, RWA_L_LAST_GPU_STARTS};
+  const int sums[2] = {RWA_L_ARRIVAL_LAG_SUM, RWA_L_GPU_LAG_SUM};
+  const int ns[2] = {RWA_L_ARRIVAL_LAG_N, RWA_L_GPU_LAG_N};
+  const int sig[2] = {RWA_L_SIGNIFICANT_ARRIVALS, RWA_L_SIGNIFICANT_GPU_STARTS};
+  const double med[2] = {t->med_a, t->med_g};
+  const int med_ok[2] = {t->med_a_ok, t->med_g_ok};
+  const int vs_sum[2] = {RWA_L_ARRIVAL_VS_MEDIAN_SUM, RWA_L_GPU_VS_MEDIAN_SUM};
+  const int vs_n[2] = {RWA_L_ARRIVAL_VS_MEDIAN_N, RWA_L_GPU_VS_MEDIAN_N};
+  for (int k = 0; k < 2; k++) {
+    if (!has(c, cols[k], i)) continue;
+    int64_t v = val(c, cols[k], i);
+    if (med_ok[k]) {
+      lf[vs_sum[k] * n_world + w] += (double)v - med[k];
+      li[vs_n[k] * n_world + w]++;
+    }
+    if (!last[k]->ok || v != last[k]->v || !multi) continue;
+    li[count_at[k] * n_world + w]++;
+    if (!lag[k]->ok) continue;
+    if (!add_sum(&li[sums[k] * n_world + w], lag[k]->v)) return 0;
+    li[ns[k] * n_world + w]++;
+    if (t->bound_ok && (double)lag[k]->v > t->bound) li[sig[k] * n_world + w]++;
+  }
+  if (t->bound_ok) {
+    double *top = &lf[RWA_L_MAX_BOUND * n_world + w];
+    int64_t *top_n = &li[RWA_L_BOUND_N * n_world + w];
+    if (*top_n == 0 || t->bound > *top) *top = t->bound;
+    (*top_n)++;
+  }
+  return 1;
+}
+
+typedef struct {
+  int64_t n_hosts, n_world;
+  int64_t *host_stamp, *scratch, *late_i64;
+  double *late_f64;
+  const double *bound;
+  const uint8_t *bound_ok, *key_ok;
+} ctx_t;
+
+static int one_group(const ctx_t *x, const cols_t *c, out_t *o, int64_t g,
+                     const int64_t *rows, int64_t m) {
+  opt_t n_ranks = {0, 0}, msg_min = {0, 0}, msg_max = {0, 0};
+  opt_t arr_min = {0, 0}, arr_max = {0, 0}, gs_min = {0, 0}, gs_max = {0, 0};
+  opt_t ge_min = {0, 0}, ge_max = {0, 0}, dur_min = {0, 0}, comm_id = {0, 0};
+  opt_t comm_name = {0, 0};
+  int64_t hosts = 0, unbounded = 0;
+  int top_ok = 0;
+  double top = 0.0;
+  for (int64_t j = 0; j < m; j++) {
+    int64_t i = rows[j];
+    if (has(c, RWA_IN_N_RANKS, i)) take_max(&n_ranks, val(c, RWA_IN_N_RANKS, i));
+    if (has(c, RWA_IN_MSG_BYTES, i)) {
+      take_min(&msg_min, val(c, RWA_IN_MSG_BYTES, i));
+      take_max(&msg_max, val(c, RWA_IN_MSG_BYTES, i));
+    }
+    if (has(c, RWA_IN_ARRIVAL, i)) {
+      take_min(&arr_min, val(c, RWA_IN_ARRIVAL, i));
+      take_max(&arr_max, val(c, RWA_IN_ARRIVAL, i));
+    }
+    if (has(c, RWA_IN_GPU_START, i)) {
+      take_min(&gs_min, val(c, RWA_IN_GPU_START, i));
+      take_max(&gs_max, val(c, RWA_IN_GPU_START, i));
+    }
+    if (has(c, RWA_IN_GPU_END, i)) {
+      take_min(&ge_min, val(c, RWA_IN_GPU_END, i));
+      take_max(&ge_max, val(c, RWA_IN_GPU_END, i));
+    }
+    if (has(c, RWA_IN_DURATION, i)) take_min(&dur_min, val(c, RWA_IN_DURATION, i));
+    if (val(c, RWA_IN_COMM_ID, i) >= 0) take_max(&comm_id, val(c, RWA_IN_COMM_ID, i));
+    if (val(c, RWA_IN_COMM_NAME, i) >= 0) take_max(&comm_name, val(c, RWA_IN_COMM_NAME, i));
+    int64_t h = val(c, RWA_IN_HOST, i);
+    if (h >= 0 && x->host_stamp[h] != g) { /* distinct hosts, stamped with the group */
+      x->host_stamp[h] = g;
+      hosts++;
+    }
+    if (!x->bound_ok[i]) {
+      unbounded++;
+    } else if (!top_ok || x->bound[i] > top) {
+      top = x->bound[i];
+      top_ok = 1;
+    }
+  }
+  /* second pass: what depends on the group's latest times and largest bound */
+  last_t la = {{0, 0}, {0, 0}, {0, 0}, 0, 0}, lg = la;
+  int64_t at_arr = 0, at_gs = 0, at_top = 0;
+  opt_t before_arr = {0, 0}, before_gs = {0, 0};
+  int below_ok = 0;
+  double below = 0.0;
+  for (int64_t j = 0; j < m; j++) {
+    int64_t i = rows[j];
+    int a_ok = has(c, RWA_IN_ARRIVAL, i), s_ok = has(c, RWA_IN_GPU_START, i);
+    int64_t a = val(c, RWA_IN_ARRIVAL, i), s = val(c, RWA_IN_GPU_START, i);
+    if (!arr_max.ok || (a_ok && a == arr_max.v)) last_visit(&la, c, i);
+    if (!gs_max.ok || (s_ok && s == gs_max.v)) last_visit(&lg, c, i);
+    if (a_ok && arr_max.ok) {
+      if (a == arr_max.v) at_arr++;
+      else take_max(&before_arr, a);
+    }
+    if (s_ok && gs_max.ok) {
+      if (s == gs_max.v) at_gs++;
+      else take_max(&before_gs, s);
+    }
+    if (x->bound_ok[i] && top_ok) {
+      double b = x->bound[i];
+      if (b == top) at_top++;
+      else if (b < top && (!below_ok || b > below)) {
+        below = b;
+        below_ok = 1;
+      }
+    }
+  }
+  opt_t second_arr = second_last(arr_max, at_arr, before_arr);
+  opt_t second_gs = second_last(gs_max, at_gs, before_gs);
+  opt_t emls = {0, 0};
+  if (ge_min.ok && gs_max.ok) {
+    if (__builtin_sub_overflow(ge_min.v, gs_max.v, &emls.v)) return 0;
+    emls.ok = 1;
+  }
+  int mismatch_ok = msg_min.ok;
+  put_i(o, RWA_N_RANKS, g, n_ranks);
+  put_i(o, RWA_N_SEEN, g, (opt_t){m, 1});
+  put_i(o, RWA_HOSTS, g, (opt_t){hosts, 1});
+  put_i(o, RWA_MSG_BYTES, g, msg_max);
+  put_i(o, RWA_SIZE_MISMATCH, g, (opt_t){mismatch_ok && msg_min.v != msg_max.v, mismatch_ok});
+  put_i(o, RWA_FIRST_ARRIVAL, g, arr_min);
+  put_i(o, RWA_LAST_ARRIVAL, g, arr_max);
+  put_i(o, RWA_SECOND_LAST_ARRIVAL, g, second_arr);
+  put_i(o, RWA_LAST_RANK, g, la.rank);
+  put_i(o, RWA_LAST_WORLD_RANK, g, la.world);
+  put_i(o, RWA_LAST_HOST, g, la.host);
+  put_i(o, RWA_FIRST_GPU_START, g, gs_min);
+  put_i(o, RWA_LAST_GPU_START, g, gs_max);
+  put_i(o, RWA_SECOND_LAST_GPU_START, g, second_gs);
+  put_i(o, RWA_LAST_GPU_WORLD_RANK, g, lg.world);
+  put_i(o, RWA_FIRST_GPU_END, g, ge_min);
+  put_i(o, RWA_LAST_GPU_END, g, ge_max);
+  put_i(o, RWA_END_MINUS_LAST_START, g, emls);
+  put_i(o, RWA_MIN_DURATION, g, dur_min);
+  put_i(o, RWA_COMM_ID, g, comm_id);
+  put_i(o, RWA_COMM_NAME, g, comm_name);
+  late_in_t t = {arr_max, gs_max, {0, 0}, {0, 0}, 0.0, 0.0, 0.0, 0, 0, 0, m};
+  t.med_a = median_col(c, RWA_IN_ARRIVAL, rows, m, x->scratch, &t.med_a_ok);
+  t.med_g = median_col(c, RWA_IN_GPU_START, rows, m, x->scratch, &t.med_g_ok);
+  put_f(o, RWA_MEDIAN_ARRIVAL, g, t.med_a, t.med_a_ok);
+  put_f(o, RWA_MEDIAN_GPU_START, g, t.med_g, t.med_g_ok);
+  /* lag_bound_ns: 0 on one host; unknown when a host has no bound; else the sum
+   * of the two largest bounds (the largest twice when two rows share it) */
+  if (hosts == 1) t.bound_ok = 1;
+  else if (unbounded == 0) {
+    t.bound = top + (at_top >= 2 ? top : (below_ok ? below : 0.0));
+    t.bound_ok = 1;
+  }
+  put_f(o, RWA_LAG_BOUND, g, t.bound, t.bound_ok);
+  if (arr_max.ok && second_arr.ok) {
+    if (__builtin_sub_overflow(arr_max.v, second_arr.v, &t.lag_a.v)) return 0;
+    t.lag_a.ok = 1;
+  }
+  if (gs_max.ok && second_gs.ok) {
+    if (__builtin_sub_overflow(gs_max.v, second_gs.v, &t.lag_g.v)) return 0;
+    t.lag_g.ok = 1;
+  }
+  for (int64_t j = 0; j < m; j++)
+    if (x->key_ok[rows[j]] &&
+        !late_row(&t, c, rows[j], x->n_world, x->late_i64, x->late_f64))
+      return 0;
+  return 1;
+}
+
+/* Every collective's row (the `joined` rows of COLLECTIVES_QUERY, keys left to the
+ * caller: group g's are those of row order[starts[g]]) into out_i64/out_f64/out_ok,
+ * and each row with key_ok set added to its world rank's lateness (late_i64,
+ * late_f64: accumulators the caller zeroes once, RWA_L_HOST set to -1, and passes
+ * to every call). `in`/`in_ok`: [n][RWA_IN] per-row columns (RWA_IN_HOST,
+ * RWA_IN_COMM_ID, RWA_IN_COMM_NAME: codes, -1 NULL; RWA_IN_WORLD_CODE: 0 ..
+ * n_world - 1, NULL world ranks a code of their own). `host_stamp`: n_hosts
+ * int64 set to -1; `scratch`: as many int64 as the largest group has rows. */
+RWA_EXPORT int64_t rwa_collectives(int64_t n_groups, const int64_t *starts,
+                                   const int64_t *order, int64_t n, const int64_t *in,
+                                   const uint8_t *in_ok, const double *bound,
+                                   const uint8_t *bound_ok, const uint8_t *key_ok,
+                                   int64_t n_hosts, int64_t n_world, int64_t *host_stamp,
+                                   int64_t *scratch, int64_t *out_i64, double *out_f64,
+                                   uint8_t *out_ok, int64_t *late_i64, double *late_f64) {
+  if (n_groups < 0 || n < 0 || n_hosts < 0 || n_world < 0) return RWA_RANGE;
+  if (starts[0] != 0 || starts[n_groups] != n) return RWA_RANGE;
+  for (int64_t g = 0; g < n_groups; g++)
+    if (starts[g + 1] < starts[g]) return RWA_RANGE;
+  cols_t c = {in, in_ok, n};
+  for (int64_t i = 0; i < n; i++) {
+    if (order[i] < 0 || order[i] >= n) return RWA_RANGE;
+    int64_t h = val(&c, RWA_IN_HOST, i), w = val(&c, RWA_IN_WORLD_CODE, i);
+    if (h < -1 || h >= n_hosts || w < 0 || w >= n_world) return RWA_RANGE;
+  }
+  ctx_t x = {n_hosts, n_world, host_stamp, scratch, late_i64, late_f64, bound, bound_ok,
+             key_ok};
+  out_t o = {out_i64, out_f64, out_ok, n_groups};
+  for (int64_t g = 0; g < n_groups; g++)
+    if (!one_group(&x, &c, &o, g, order + starts[g], starts[g + 1] - starts[g]))
+      return RWA_OVERFLOW;
+  return n_groups;
+}
+
+/* ------------------------------------------------------------------ inputs */
+
+/* One time column on the reference clock, as OPS_ALIGNED_SQL maps it:
+ * v - CAST(round(offset + drift_ppm * 1e-6 * CAST(v - t0 AS DOUBLE)) AS BIGINT),
+ * NULL where the host has no clock row. Returns 1 (a value), 0 (NULL) or -1 (an
+ * int64 overflow, which SQL raises as an error). Built with -ffp-contract=off so
+ * that the multiply and add round as DuckDB's do. */
+static int corrected(int64_t v, int64_t h, const uint8_t *clock_ok, const double *offset_ns,
+                     const double *drift_ppm, const int64_t *t0_ns, int64_t *out) {
+  if (!clock_ok[h]) return 0;
+  int64_t since;
+  if (__builtin_sub_overflow(v, t0_ns[h], &since)) return -1;
+  double shift = round(offset_ns[h] + drift_ppm[h] * 1e-6 * (double)since);
+  if (!(shift >= -9223372036854775808.0 && shift < 9223372036854775808.0)) return -1;
+  if (__builtin_sub_overflow(v, (int64_t)shift, out)) return -1;
+  return 1;
+}
+
+static int64_t member_col(const int64_t *members, int64_t m, int col) {
+  return members[m * RWA_M + col];
+}
+
+/* The rows of one pass of rwa_collectives from a job's captured collective ops
+ * (rankwatch.store.captured): per row its member (which gives communicator,
+ * rank, host and world rank), function code (mapped through func_rank into the
+ * order of the function names), seq, message size and times (NULL where the bit
+ * of RWA_V_* in `valid` is clear); per host its clock (clock_ok 0: no clock row,
+ * every corrected time NULL) and bound. A pass takes the rows whose
+ * ((seq % passes) + passes) % passes equals `pass`, as the SQL form's passes.
+ * Writes at most `cap` rows of rwa_group's keys (out_*) and rwa_collectives'
+ * inputs (in, in_ok, bound, row_bound_ok, key_ok) and returns how many; RWA_RANGE
+ * for a code out of range or more rows than cap, RWA_OVERFLOW where SQL would
+ * raise an int64 overflow. */
+RWA_EXPORT int64_t rwa_prepare(
+    int64_t n, const int32_t *member, const int32_t *func, const int64_t *seq,
+    const int64_t *msg, const int64_t *arrival, const int64_t *gpu_start, const int64_t *gpu_end,
+    const uint8_t *valid, int64_t n_members, const int64_t *members, int64_t n_funcs,
+    const int64_t *func_rank, int64_t n_hosts, const uint8_t *clock_ok, const double *offset_ns,
+    const double *drift_ppm, const int64_t *t0_ns, const double *bound_ns,
+    const uint8_t *bound_ok, int64_t passes, int64_t pass, int64_t cap, int64_t *out_comm,
+    int64_t *out_func, int64_t *out_seq, uint8_t *out_seq_ok, int64_t *in, uint8_t *in_ok,
+    double *bound, uint8_t *row_bound_ok, uint8_t *key_ok) {
+  if (n < 0 || n_members < 0 || n_funcs < 0 || n_hosts < 0 || passes < 1 || pass < 0 ||
+      pass >= passes || cap < 0)
+    return RWA_RANGE;
+  for (int64_t m = 0; m < n_members; m++) {
+    int64_t h = member_col(members, m, RWA_M_HOST);
+    if (h < 0 || h >= n_hosts) return RWA_RANGE;
+  }
+  int64_t k = 0;
+  for (int64_t i = 0; i < n; i++) {
+    if (((seq[i] % passes) + passes) % passes != pass) continue;
+    int64_t m = member[i], f = func[i];
+    if (m < 0 || m >= n_members || f < 0 || f >= n_funcs || k >= cap) return RWA_RANGE;
+    int64_t h = member_col(members, m, RWA_M_HOST);
+    int64_t comm = member_col(members, m, RWA_M_COMM_KEY);
+    out_comm[k] = comm;
+    out_func[k] = func_rank[f];
+    out_seq[k] = seq[i];
+    out_seq_ok[k] = 1;
+    key_ok[k] = (uint8_t)(comm >= 0);
+    int64_t *row = in + k * RWA_IN;
+    uint8_t *ok = in_ok + k * RWA_IN;
+    row[RWA_IN_N_RANKS] = member_col(members, m, RWA_M_N_RANKS);
+    ok[RWA_IN_N_RANKS] = (uint8_t)(member_col(members, m, RWA_M_N_RANKS_OK) != 0);
+    row[RWA_IN_MSG_BYTES] = msg[i];
+    ok[RWA_IN_MSG_BYTES] = (uint8_t)((valid[i] & RWA_V_MSG) != 0);
+    row[RWA_IN_RANK] = member_col(members, m, RWA_M_RANK);
+    ok[RWA_IN_RANK] = 1;
+    row[RWA_IN_WORLD_RANK] = member_col(members, m, RWA_M_WORLD_RANK);
+    ok[RWA_IN_WORLD_RANK] = (uint8_t)(member_col(members, m, RWA_M_WORLD_OK) != 0);
+    const int64_t *times[3] = {arrival, gpu_start, gpu_end};
+    const int cols[3] = {RWA_IN_ARRIVAL, RWA_IN_GPU_START, RWA_IN_GPU_END};
+    const int bits[3] = {RWA_V_ARRIVAL, RWA_V_GPU_START, RWA_V_GPU_END};
+    for (int t = 0; t < 3; t++) {
+      int got = 0;
+      row[cols[t]] = 0;
+      if (valid[i] & bits[t]) {
+        got = corrected(times[t][i], h, clock_ok, offset_ns, drift_ppm, t0_ns, &row[cols[t]]);
+        if (got < 0) return RWA_OVERFLOW;
+      }
+      ok[cols[t]] = (uint8_t)got;
+    }
+    int both = (valid[i] & RWA_V_GPU_START) && (valid[i] & RWA_V_GPU_END);
+    row[RWA_IN_DURATION] = 0;
+    if (both && __builtin_sub_overflow(gpu_end[i], gpu_start[i], &row[RWA_IN_DURATION]))
+      return RWA_OVERFLOW;
+    ok[RWA_IN_DURATION] = (uint8_t)both;
+    row[RWA_IN_HOST] = h;
+    row[RWA_IN_COMM_ID] = member_col(members, m, RWA_M_COMM_ID);
+    row[RWA_IN_COMM_NAME] = member_col(members, m, RWA_M_COMM_NAME);
+    row[RWA_IN_WORLD_CODE] = member_col(members, m, RWA_M_WORLD_CODE);
+    for (int c = RWA_IN_HOST; c < RWA_IN; c++) ok[c] = 1;
+    int has_clock = clock_ok[h] && bound_ok[h];
+    bound[k] = has_clock ? bound_ns[h] : 0.0;
+    row_bound_ok[k] = (uint8_t)has_clock;
+    k++;
+  }
+  return k;
+}

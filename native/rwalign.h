@@ -1,0 +1,82 @@
+/* rwalign: compiled kernels of rankwatch's cross-rank alignment (see rwalign.c;
+ * rankwatch/align/kernels.py binds them with ctypes). Every kernel returns a count
+ * or RWA_OK (>= 0), or RWA_RANGE / RWA_OVERFLOW (< 0: the caller falls back to the
+ * SQL form, which reports the problem as it always did). */
+#ifndef RWALIGN_H
+#define RWALIGN_H
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+enum { RWA_OK = 0, RWA_RANGE = -2, RWA_OVERFLOW = -3 };
+
+/* Per-row int64 inputs of rwa_collectives, columns of a row-major [n][RWA_IN]. */
+enum {
+  RWA_IN_N_RANKS, RWA_IN_MSG_BYTES, RWA_IN_RANK, RWA_IN_WORLD_RANK, RWA_IN_ARRIVAL,
+  RWA_IN_GPU_START, RWA_IN_GPU_END, RWA_IN_DURATION, RWA_IN_HOST, RWA_IN_COMM_ID,
+  RWA_IN_COMM_NAME, RWA_IN_WORLD_CODE, RWA_IN
+};
+
+/* Per-collective outputs: int64 columns, then double columns; one validity row
+ * per column in the same order ([RWA_OUT_I64 + RWA_OUT_F64][n_groups]). */
+enum {
+  RWA_N_RANKS, RWA_N_SEEN, RWA_HOSTS, RWA_MSG_BYTES, RWA_SIZE_MISMATCH, RWA_FIRST_ARRIVAL,
+  RWA_LAST_ARRIVAL, RWA_SECOND_LAST_ARRIVAL, RWA_LAST_RANK, RWA_LAST_WORLD_RANK,
+  RWA_LAST_HOST, RWA_FIRST_GPU_START, RWA_LAST_GPU_START, RWA_SECOND_LAST_GPU_START,
+  RWA_LAST_GPU_WORLD_RANK, RWA_FIRST_GPU_END, RWA_LAST_GPU_END, RWA_END_MINUS_LAST_START,
+  RWA_MIN_DURATION, RWA_COMM_ID, RWA_COMM_NAME, RWA_OUT_I64
+};
+enum { RWA_MEDIAN_ARRIVAL, RWA_MEDIAN_GPU_START, RWA_LAG_BOUND, RWA_OUT_F64 };
+
+/* Per-world-rank accumulators of rank_lateness, [RWA_LATE_I64][n_world] and
+ * [RWA_LATE_F64][n_world], added to across calls. */
+enum {
+  RWA_L_COLLECTIVES, RWA_L_LAST_ARRIVALS, RWA_L_ARRIVAL_LAG_SUM, RWA_L_ARRIVAL_LAG_N,
+  RWA_L_LAST_GPU_STARTS, RWA_L_GPU_LAG_SUM, RWA_L_GPU_LAG_N, RWA_L_SIGNIFICANT_ARRIVALS,
+  RWA_L_SIGNIFICANT_GPU_STARTS, RWA_L_HOST, RWA_L_ARRIVAL_VS_MEDIAN_N,
+  RWA_L_GPU_VS_MEDIAN_N, RWA_L_BOUND_N, RWA_LATE_I64
+};
+enum {
+  RWA_L_ARRIVAL_VS_MEDIAN_SUM, RWA_L_GPU_VS_MEDIAN_SUM, RWA_L_MAX_BOUND, RWA_LATE_F64
+};
+
+/* rwa_prepare: the columns of a member (one rank of one communicator in one
+ * process, as its records' header names it), [n_members][RWA_M] int64. String
+ * columns are codes in the order of their strings, -1 for NULL; RWA_M_HOST is a
+ * code in [0, n_hosts); RWA_M_WORLD_CODE in [0, n_world). */
+enum {
+  RWA_M_COMM_KEY, RWA_M_COMM_ID, RWA_M_COMM_NAME, RWA_M_RANK, RWA_M_N_RANKS, RWA_M_N_RANKS_OK,
+  RWA_M_HOST, RWA_M_WORLD_RANK, RWA_M_WORLD_OK, RWA_M_WORLD_CODE, RWA_M
+};
+/* ... and the validity bits of a captured row's nullable columns. */
+enum { RWA_V_MSG = 1, RWA_V_ARRIVAL = 2, RWA_V_GPU_START = 4, RWA_V_GPU_END = 8 };
+
+int64_t rwa_prepare(int64_t n, const int32_t *member, const int32_t *func, const int64_t *seq,
+                    const int64_t *msg, const int64_t *arrival, const int64_t *gpu_start,
+                    const int64_t *gpu_end, const uint8_t *valid, int64_t n_members,
+                    const int64_t *members, int64_t n_funcs, const int64_t *func_rank,
+                    int64_t n_hosts, const uint8_t *clock_ok, const double *offset_ns,
+                    const double *drift_ppm, const int64_t *t0_ns, const double *bound_ns,
+                    const uint8_t *bound_ok, int64_t passes, int64_t pass, int64_t cap,
+                    int64_t *out_comm, int64_t *out_func, int64_t *out_seq,
+                    uint8_t *out_seq_ok, int64_t *in, uint8_t *in_ok, double *bound,
+                    uint8_t *row_bound_ok, uint8_t *key_ok);
+int64_t rwa_group(int64_t n, const int64_t *comm, const int64_t *func, const int64_t *seq,
+                  const uint8_t *seq_ok, int64_t cap, int64_t *table, int64_t *first,
+                  int64_t *group, int64_t *order, int64_t *starts);
+int64_t rwa_collectives(int64_t n_groups, const int64_t *starts, const int64_t *order,
+                        int64_t n, const int64_t *in, const uint8_t *in_ok,
+                        const double *bound, const uint8_t *bound_ok,
+                        const uint8_t *key_ok, int64_t n_hosts, int64_t n_world,
+                        int64_t *host_stamp, int64_t *scratch, int64_t *out_i64,
+                        double *out_f64, uint8_t *out_ok, int64_t *late_i64,
+                        double *late_f64);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,172 @@
+/* Random and extreme inputs for the rwalign kernels, for builds under
+ * AddressSanitizer and UBSan (tests/analysis/test_align_kernels.py builds and runs
+ * it): keys with NULLs and ties, values at the int64 limits (subtractions, sums and
+ * clock corrections that overflow), codes just out of range, capacities one short,
+ * empty inputs. A kernel must return a count, RWA_RANGE or RWA_OVERFLOW, and read
+ * and write only what it was given.
+ *
+ * usage: fuzz_rwalign ITERATIONS SEED   (prints "ok: N" on success) */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "rwalign.h"
+
+static uint64_t state;
+
+static uint64_t next(void) { /* splitmix64 */
+  uint64_t z = (state += 0x9E3779B97F4A7C15ULL);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+  return z ^ (z >> 31);
+}
+
+static int64_t pick(int64_t bound) { return bound > 0 ? (int64_t)(next() % (uint64_t)bound) : 0; }
+
+static int64_t value_like(void) {
+  switch (pick(40)) {
+    case 0: return INT64_MIN;
+    case 1: return INT64_MAX;
+    case 2: return -pick(1000);
+    default: return pick(50); /* few distinct values: ties */
+  }
+}
+
+/* a code in [-1, bound), sometimes one past either end */
+static int64_t code_like(int64_t bound, int allow_bad) {
+  if (allow_bad && pick(200) == 0) return pick(2) ? -2 : bound;
+  return pick(bound + 1) - 1;
+}
+
+#define NEW(T, n) ((T *)calloc((n) > 0 ? (size_t)(n) : 1u, sizeof(T)))
+
+static int one_round(int64_t n) {
+  int allow_bad = pick(4) == 0;
+  int64_t n_hosts = 1 + pick(5), n_world = 1 + pick(6);
+  int64_t *comm = NEW(int64_t, n), *func = NEW(int64_t, n), *seq = NEW(int64_t, n);
+  uint8_t *seq_ok = NEW(uint8_t, n);
+  for (int64_t i = 0; i < n; i++) {
+    comm[i] = code_like(3, 0);
+    func[i] = code_like(2, 0);
+    seq[i] = pick(10) ? pick(8) : value_like();
+    seq_ok[i] = (uint8_t)(pick(8) != 0);
+  }
+  int64_t cap = 1;
+  while (cap < 2 * n) cap <<= 1;
+  int64_t *table = NEW(int64_t, cap), *first = NEW(int64_t, n), *group = NEW(int64_t, n);
+  int64_t *order = NEW(int64_t, n), *starts = NEW(int64_t, n + 1);
+  int64_t groups = rwa_group(n, comm, func, seq, seq_ok, cap, table, first, group, order, starts);
+  int good = groups >= 0 && groups <= n && (n == 0 || groups > 0);
+  /* a capacity that is not a power of two >= 2n is refused */
+  if (n > 0 && rwa_group(n, comm, func, seq, seq_ok, cap - 1, table, first, group, order,
+                         starts) != RWA_RANGE)
+    good = 0;
+  if (!good) return 0;
+  int64_t biggest = 0;
+  for (int64_t g = 0; g < groups; g++)
+    if (starts[g + 1] - starts[g] > biggest) biggest = starts[g + 1] - starts[g];
+
+  int64_t *in = NEW(int64_t, RWA_IN * n);
+  uint8_t *in_ok = NEW(uint8_t, RWA_IN * n), *bound_ok = NEW(uint8_t, n), *key_ok = NEW(uint8_t, n);
+  double *bound = NEW(double, n);
+  for (int64_t i = 0; i < n; i++) {
+    for (int k = 0; k < RWA_IN; k++) {
+      in[i * RWA_IN + k] = value_like();
+      in_ok[i * RWA_IN + k] = (uint8_t)(pick(6) != 0);
+    }
+    in[i * RWA_IN + RWA_IN_HOST] = code_like(n_hosts, allow_bad);
+    in[i * RWA_IN + RWA_IN_COMM_ID] = code_like(4, 0);
+    in[i * RWA_IN + RWA_IN_COMM_NAME] = code_like(4, 0);
+    in[i * RWA_IN + RWA_IN_WORLD_CODE] = allow_bad && pick(200) == 0 ? n_world : pick(n_world);
+    bound[i] = (double)pick(5);
+    bound_ok[i] = (uint8_t)(pick(5) != 0);
+    key_ok[i] = (uint8_t)(comm[i] >= 0 && func[i] >= 0 && seq_ok[i]);
+  }
+  int64_t *stamp = NEW(int64_t, n_hosts), *scratch = NEW(int64_t, biggest);
+  for (int64_t h = 0; h < n_hosts; h++) stamp[h] = -1;
+  int64_t *out_i = NEW(int64_t, RWA_OUT_I64 * groups);
+  double *out_f = NEW(double, RWA_OUT_F64 * groups);
+  uint8_t *out_ok = NEW(uint8_t, (RWA_OUT_I64 + RWA_OUT_F64) * groups);
+  int64_t *late_i = NEW(int64_t, RWA_LATE_I64 * n_world);
+  double *late_f = NEW(double, RWA_LATE_F64 * n_world);
+  for (int64_t w = 0; w < n_world; w++) late_i[RWA_L_HOST * n_world + w] = -1;
+  int64_t got = rwa_collectives(groups, starts, order, n, in, in_ok, bound, bound_ok, key_ok,
+                                n_hosts, n_world, stamp, scratch, out_i, out_f, out_ok, late_i,
+                                late_f);
+  good = got == groups || got == RWA_RANGE || got == RWA_OVERFLOW;
+  if (!allow_bad && got == RWA_RANGE) good = 0; /* only bad codes are refused */
+
+  free(comm), free(func), free(seq), free(seq_ok), free(table), free(first), free(group);
+  free(order), free(starts), free(in), free(in_ok), free(bound_ok), free(key_ok), free(bound);
+  free(stamp), free(scratch), free(out_i), free(out_f), free(out_ok), free(late_i), free(late_f);
+  return good;
+}
+
+/* rwa_prepare over random captured rows, members and host clocks. */
+static int prepare_round(int64_t n) {
+  int allow_bad = pick(4) == 0;
+  int64_t n_members = 1 + pick(6), n_funcs = 1 + pick(3), n_hosts = 1 + pick(4);
+  int64_t passes = 1 + pick(3), pass = pick(passes);
+  int32_t *member = NEW(int32_t, n), *func = NEW(int32_t, n);
+  int64_t *seq = NEW(int64_t, n), *msg = NEW(int64_t, n), *arr = NEW(int64_t, n);
+  int64_t *gs = NEW(int64_t, n), *ge = NEW(int64_t, n);
+  uint8_t *valid = NEW(uint8_t, n);
+  for (int64_t i = 0; i < n; i++) {
+    member[i] = (int32_t)(allow_bad && pick(200) == 0 ? n_members : pick(n_members));
+    func[i] = (int32_t)(allow_bad && pick(200) == 0 ? -1 : pick(n_funcs));
+    seq[i] = pick(10) ? pick(8) - 3 : value_like();
+    msg[i] = value_like(), arr[i] = value_like(), gs[i] = value_like(), ge[i] = value_like();
+    valid[i] = (uint8_t)pick(16);
+  }
+  int64_t *members = NEW(int64_t, RWA_M * n_members);
+  for (int64_t m = 0; m < n_members; m++) {
+    for (int c = 0; c < RWA_M; c++) members[m * RWA_M + c] = value_like();
+    members[m * RWA_M + RWA_M_HOST] = allow_bad && pick(50) == 0 ? n_hosts : pick(n_hosts);
+  }
+  int64_t *func_rank = NEW(int64_t, n_funcs), *t0 = NEW(int64_t, n_hosts);
+  double *offset = NEW(double, n_hosts), *drift = NEW(double, n_hosts);
+  double *hbound = NEW(double, n_hosts);
+  uint8_t *clock_ok = NEW(uint8_t, n_hosts), *hbound_ok = NEW(uint8_t, n_hosts);
+  for (int64_t f = 0; f < n_funcs; f++) func_rank[f] = pick(n_funcs);
+  const double extreme[4] = {1e30, -1e30, NAN, INFINITY};
+  for (int64_t h = 0; h < n_hosts; h++) {
+    t0[h] = value_like();
+    offset[h] = pick(20) == 0 ? extreme[pick(4)] : (double)pick(1000) - 500.0;
+    drift[h] = pick(20) == 0 ? extreme[pick(4)] : (double)pick(100) / 7.0;
+    hbound[h] = (double)pick(50);
+    clock_ok[h] = (uint8_t)(pick(4) != 0);
+    hbound_ok[h] = (uint8_t)(pick(4) != 0);
+  }
+  int64_t cap = pick(3) == 0 ? pick(n + 1) : n; /* sometimes too small */
+  int64_t *comm = NEW(int64_t, cap), *ofunc = NEW(int64_t, cap), *oseq = NEW(int64_t, cap);
+  uint8_t *seq_ok = NEW(uint8_t, cap), *in_ok = NEW(uint8_t, RWA_IN * cap);
+  int64_t *in = NEW(int64_t, RWA_IN * cap);
+  double *bound = NEW(double, cap);
+  uint8_t *bound_ok = NEW(uint8_t, cap), *key_ok = NEW(uint8_t, cap);
+  int64_t got = rwa_prepare(n, member, func, seq, msg, arr, gs, ge, valid, n_members, members,
+                            n_funcs, func_rank, n_hosts, clock_ok, offset, drift, t0, hbound,
+                            hbound_ok, passes, pass, cap, comm, ofunc, oseq, seq_ok, in, in_ok,
+                            bound, bound_ok, key_ok);
+  int good = (got >= 0 && got <= cap) || got == RWA_RANGE || got == RWA_OVERFLOW;
+  if (!allow_bad && cap == n && got == RWA_RANGE) good = 0; /* only bad inputs are refused */
+  free(member), free(func), free(seq), free(msg), free(arr), free(gs), free(ge), free(valid);
+  free(members), free(func_rank), free(t0), free(offset), free(drift), free(hbound);
+  free(clock_ok), free(hbound_ok), free(comm), free(ofunc), free(oseq), free(seq_ok);
+  free(in_ok), free(in), free(bound), free(bound_ok), free(key_ok);
+  return good;
+}
+
+int main(int argc, char **argv) {
+  long iterations = argc > 1 ? atol(argv[1]) : 1000;
+  state = argc > 2 ? (uint64_t)atoll(argv[2]) : 1;
+  for (long it = 0; it < iterations; it++) {
+    int64_t n = pick(4) == 0 ? pick(3) : pick(300);
+    if (!one_round(n) || !prepare_round(n)) {
+      printf("failed at iteration %ld (n = %lld)\n", it, (long long)n);
+      return 1;
+    }
+  }
+  printf("ok: %ld\n", iterations);
+  return 0;
+}

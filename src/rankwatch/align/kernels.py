@@ -1,0 +1,344 @@
+"""Compiled kernels of the alignment (native/rwalign.c, loaded with ctypes).
+
+`collectives_from_kept` computes what COLLECTIVES_QUERY's hash aggregations and
+joins compute (each collective's `joined` row) and what RANK_LATENESS_SQL sums
+per world rank, from the collective ops' columns the native reader kept while
+parsing (rankwatch.store.captured), without reading the ops table back out of
+DuckDB: rwa_prepare maps each row to the reference clock and its world rank,
+rwa_group groups rows by (communicator, function, seq), rwa_collectives forms
+every group's row and adds to the ranks' lateness. The SQL stays the reference
+and the fallback: it runs where the library is missing, under RANKWATCH_NATIVE=0,
+where the kept columns do not match the ops table (some ops came through another
+reader), and when a kernel declines (an int64 overflow, which SQL reports as an
+error); the tests compare both.
+
+The column orders below mirror the enums of native/rwalign.h (a test checks).
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from rankwatch import nativelib
+from rankwatch.store.captured import CollectiveColumns
+
+LIB_FILENAME = "librankwatch-rwalign.so"
+
+# rwalign.h: per-row inputs, per-collective outputs, per-world-rank accumulators
+IN_COLUMNS = ("n_ranks", "msg_bytes", "rank", "world_rank", "arrival_c", "gpu_start_c",
+              "gpu_end_c", "duration", "host", "comm_id", "comm_name", "world_code")  # fmt: skip
+OUT_I64 = ("n_ranks", "n_seen", "hosts", "msg_bytes", "size_mismatch", "first_arrival",
+           "last_arrival", "second_last_arrival", "last_rank", "last_world_rank", "last_host",
+           "first_gpu_start", "last_gpu_start", "second_last_gpu_start", "last_gpu_world_rank",
+           "first_gpu_end", "last_gpu_end", "end_minus_last_start", "min_duration", "comm_id",
+           "comm_name")  # fmt: skip
+OUT_F64 = ("median_arrival", "median_gpu_start", "lag_bound_ns")
+LATE_I64 = ("collectives", "last_arrivals", "arrival_lag_sum", "arrival_lag_n",
+            "last_gpu_starts", "gpu_lag_sum", "gpu_lag_n", "significant_arrivals",
+            "significant_gpu_starts", "host", "arrival_vs_median_n", "gpu_vs_median_n",
+            "bound_n")  # fmt: skip
+LATE_F64 = ("arrival_vs_median_sum", "gpu_vs_median_sum", "max_bound")
+MEMBER_COLUMNS = ("comm_key", "comm_id", "comm_name", "rank", "n_ranks", "n_ranks_ok", "host",
+                  "world_rank", "world_ok", "world_code")  # fmt: skip
+
+RANGE, OVERFLOW = -2, -3  # rwalign.h: RWA_RANGE, RWA_OVERFLOW
+
+
+def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
+    p, i64 = ctypes.c_void_p, ctypes.c_int64
+    sigs = {
+        "rwa_group": [i64, p, p, p, p, i64, p, p, p, p, p],
+        "rwa_collectives": [i64, p, p, i64, p, p, p, p, p, i64, i64, *[p] * 7],
+        "rwa_prepare": [i64, *[p] * 8, i64, p, i64, p, i64, *[p] * 6, i64, i64, i64, *[p] * 9],
+    }
+    for name, argtypes in sigs.items():
+        fn = getattr(lib, name)
+        fn.restype = i64
+        fn.argtypes = argtypes
+    return lib
+
+
+def library() -> ctypes.CDLL | None:
+    """The kernels, or None (not built, or RANKWATCH_NATIVE=0)."""
+    if nativelib.disabled():
+        return None
+    return nativelib.load(LIB_FILENAME, _bind)
+
+
+def _p(a: np.ndarray) -> int:
+    return a.ctypes.data
+
+
+# -------------------------------------------------------------- rank lateness
+
+
+@dataclass
+class Lateness:
+    """RANK_LATENESS_SQL's per-world-rank sums, added to by every pass."""
+
+    hosts: list[str]  # every host of the job, sorted: the codes of RWA_IN_HOST
+    worlds: list[int]  # every world rank of the job, sorted; NULL is code len(worlds)
+    i64: np.ndarray = field(init=False)
+    f64: np.ndarray = field(init=False)
+
+    def __post_init__(self) -> None:
+        n = len(self.worlds) + 1
+        self.i64 = np.zeros((len(LATE_I64), n), dtype=np.int64)
+        self.i64[LATE_I64.index("host")] = -1
+        self.f64 = np.zeros((len(LATE_F64), n), dtype=np.float64)
+
+    def rows(self) -> dict[str, list[Any]]:
+        """RANK_LATENESS_SQL's columns (before its casts), one entry per world rank seen."""
+        li = dict(zip(LATE_I64, self.i64, strict=True))
+        lf = dict(zip(LATE_F64, self.f64, strict=True))
+        seen = np.flatnonzero(li["collectives"] > 0)
+        worlds = [*self.worlds, None]
+
+        def mean(total: np.ndarray, count: np.ndarray) -> list[float | None]:
+            return [float(total[w]) / int(count[w]) if count[w] else None for w in seen]
+
+        return {
+            "world_rank": [worlds[w] for w in seen],
+            "host": [self.hosts[li["host"][w]] if li["host"][w] >= 0 else None for w in seen],
+            "collectives": li["collectives"][seen].tolist(),
+            "times_last_arrival": li["last_arrivals"][seen].tolist(),
+            "arrival_lag_caused_ns": li["arrival_lag_sum"][seen].tolist(),
+            "mean_last_arrival_lag_ns": mean(li["arrival_lag_sum"], li["arrival_lag_n"]),
+            "times_last_gpu_start": li["last_gpu_starts"][seen].tolist(),
+            "gpu_lag_caused_ns": li["gpu_lag_sum"][seen].tolist(),
+            "mean_last_gpu_lag_ns": mean(li["gpu_lag_sum"], li["gpu_lag_n"]),
+            "mean_arrival_lag_ns": mean(lf["arrival_vs_median_sum"], li["arrival_vs_median_n"]),
+            "mean_gpu_lag_ns": mean(lf["gpu_vs_median_sum"], li["gpu_vs_median_n"]),
+            "max_lag_bound_ns": [
+                float(lf["max_bound"][w]) if li["bound_n"][w] else None for w in seen
+            ],
+            "significant_last_arrivals": li["significant_arrivals"][seen].tolist(),
+            "significant_last_gpu_starts": li["significant_gpu_starts"][seen].tolist(),
+        }
+
+
+# ------------------------------------------------------------------- the job
+
+
+class Declined(Exception):
+    """The kept columns cannot give the SQL form's tables: align with SQL."""
+
+
+@dataclass
+class JobTables:
+    """What rwa_prepare reads besides the rows: strings in their sorted order,
+    members, and each host's clock."""
+
+    strings: list[str]  # every kept string, sorted (codes below index this)
+    func_rank: np.ndarray  # job-wide string code -> sorted code
+    members: np.ndarray  # [n_members][MEMBER_COLUMNS]
+    hosts: list[str]  # sorted; RWA_IN_HOST codes index this
+    clock_ok: np.ndarray
+    offset_ns: np.ndarray
+    drift_ppm: np.ndarray
+    t0_ns: np.ndarray
+    bound_ns: np.ndarray
+    bound_ok: np.ndarray
+    worlds: list[int]
+
+
+def _unique_rows(con: Any, sql: str, width: int) -> dict[tuple, tuple]:
+    """Rows of `sql` keyed by their first `width` columns; Declined when a key
+    repeats (a join on it would repeat ops, which the kernels do not)."""
+    out: dict[tuple, tuple] = {}
+    for row in con.execute(sql).fetchall():
+        key = tuple(row[:width])
+        if key in out:
+            raise Declined(f"{sql}: key {key} repeats")
+        out[key] = tuple(row[width:])
+    return out
+
+
+def job_tables(con: Any, kept: CollectiveColumns) -> JobTables:
+    """The kept columns' dictionaries and members resolved against host_clock and
+    rank_map, as OPS_ALIGNED_SQL joins them."""
+    strings = kept.strings
+    by_text = sorted(range(len(strings)), key=strings.__getitem__)
+    rank = np.empty(len(strings), dtype=np.int64)
+    rank[by_text] = np.arange(len(strings))
+    hosts = sorted({strings[m[4]] for m in kept.members})
+    host_code = {h: i for i, h in enumerate(hosts)}
+    clocks = _unique_rows(
+        con, "SELECT host, offset_ns, drift_ppm, t0_ns, bound_ns FROM host_clock", 1
+    )
+    mapped = _unique_rows(con, "SELECT comm_key, rank, host, pid, world_rank FROM rank_map", 4)
+    worlds = sorted({w for (w,) in mapped.values() if w is not None})
+    world_code = {w: i for i, w in enumerate(worlds)}
+    members = np.zeros((len(kept.members), len(MEMBER_COLUMNS)), dtype=np.int64)
+    for m, (cid, cname, r, n_ranks, host, pid, key) in enumerate(kept.members):
+        comm_key = strings[key] if key >= 0 else None
+        world = mapped.get((comm_key, r, strings[host], pid), (None,))[0]
+        members[m] = (
+            rank[key] if key >= 0 else -1,
+            rank[cid],
+            rank[cname] if cname >= 0 else -1,
+            r,
+            n_ranks or 0,
+            n_ranks is not None,
+            host_code[strings[host]],
+            world or 0,
+            world is not None,
+            world_code[world] if world is not None else len(worlds),
+        )
+    shape = len(hosts)
+    tables = JobTables(
+        [strings[i] for i in by_text], rank, members, hosts,
+        np.zeros(shape, np.uint8), np.zeros(shape), np.zeros(shape), np.zeros(shape, np.int64),
+        np.zeros(shape), np.zeros(shape, np.uint8), worlds,
+    )  # fmt: skip
+    for i, host in enumerate(hosts):
+        offset, drift, t0, bound = clocks.get((host,), (None, None, None, None))
+        if offset is None or drift is None or t0 is None:
+            continue  # no clock: corrected times NULL, as the LEFT JOIN gives
+        tables.clock_ok[i] = 1
+        tables.offset_ns[i], tables.drift_ppm[i], tables.t0_ns[i] = offset, drift, t0
+        if bound is not None:
+            tables.bound_ns[i], tables.bound_ok[i] = bound, 1
+    return tables
+
+
+# ------------------------------------------------------------------ a pass
+
+
+@dataclass
+class PassRows:
+    """One pass's rows as rwa_prepare writes them."""
+
+    comm: np.ndarray
+    func: np.ndarray
+    seq: np.ndarray
+    seq_ok: np.ndarray
+    data: np.ndarray  # [n][IN_COLUMNS]
+    ok: np.ndarray
+    bound: np.ndarray
+    bound_ok: np.ndarray
+    key_ok: np.ndarray
+
+    @classmethod
+    def empty(cls, rows: int) -> PassRows:
+        width = len(IN_COLUMNS)
+        return cls(
+            np.empty(rows, np.int64), np.empty(rows, np.int64), np.empty(rows, np.int64),
+            np.empty(rows, np.uint8), np.empty((rows, width), np.int64),
+            np.empty((rows, width), np.uint8), np.empty(rows), np.empty(rows, np.uint8),
+            np.empty(rows, np.uint8),
+        )  # fmt: skip
+
+
+def pass_sizes(kept: CollectiveColumns, passes: int) -> np.ndarray:
+    """Rows in each pass (NumPy's % is the SQL form's ((seq % p) + p) % p)."""
+    return np.bincount(kept.seq % passes, minlength=passes)
+
+
+def _prepare(lib: ctypes.CDLL, kept: CollectiveColumns, job: JobTables, passes: int, i: int,
+             rows: int) -> PassRows:  # fmt: skip
+    out = PassRows.empty(rows)
+    v = kept.values
+    got = lib.rwa_prepare(
+        kept.rows, _p(kept.member), _p(kept.func), _p(kept.seq), _p(v["msg_bytes"]),
+        _p(v["arrival_ns"]), _p(v["gpu_start_ns"]), _p(v["gpu_end_ns"]), _p(kept.valid),
+        len(job.members), _p(job.members), len(job.func_rank), _p(job.func_rank),
+        len(job.hosts), _p(job.clock_ok), _p(job.offset_ns), _p(job.drift_ppm), _p(job.t0_ns),
+        _p(job.bound_ns), _p(job.bound_ok), passes, i, rows, _p(out.comm), _p(out.func),
+        _p(out.seq), _p(out.seq_ok), _p(out.data), _p(out.ok), _p(out.bound),
+        _p(out.bound_ok), _p(out.key_ok),
+    )  # fmt: skip
+    if got != rows:
+        raise Declined(f"rwa_prepare returned {got} for {rows} rows")
+    return out
+
+
+def _group(lib: ctypes.CDLL, rows: PassRows) -> tuple[int, np.ndarray, np.ndarray, np.ndarray]:
+    n = len(rows.seq)
+    cap = 1 << max(1, int(2 * n - 1).bit_length())
+    table = np.empty(cap, dtype=np.int64)
+    first, group = np.empty(n, np.int64), np.empty(n, np.int64)
+    order, starts = np.empty(n, np.int64), np.empty(n + 1, np.int64)
+    got = lib.rwa_group(n, _p(rows.comm), _p(rows.func), _p(rows.seq), _p(rows.seq_ok), cap,
+                        _p(table), _p(first), _p(group), _p(order), _p(starts))  # fmt: skip
+    if got < 0:
+        raise Declined(f"rwa_group failed ({got})")
+    return int(got), first[:got], order, starts[: got + 1]
+
+
+def _one_pass(lib: ctypes.CDLL, rows: PassRows, job: JobTables, late: Lateness) -> Any:
+    """The pass's `joined` rows as an Arrow table; its rows added to `late`."""
+    n_groups, first, order, starts = _group(lib, rows)
+    biggest = int(np.diff(starts).max()) if n_groups else 0
+    out_i = np.empty((len(OUT_I64), n_groups), dtype=np.int64)
+    out_f = np.empty((len(OUT_F64), n_groups), dtype=np.float64)
+    out_ok = np.empty((len(OUT_I64) + len(OUT_F64), n_groups), dtype=np.uint8)
+    stamp = np.full(len(job.hosts), -1, dtype=np.int64)
+    scratch = np.empty(max(1, biggest), dtype=np.int64)
+    i64, f64 = late.i64.copy(), late.f64.copy()  # kept only when the kernel succeeds
+    got = lib.rwa_collectives(
+        n_groups, _p(starts), _p(order), len(rows.seq), _p(rows.data), _p(rows.ok),
+        _p(rows.bound), _p(rows.bound_ok), _p(rows.key_ok), len(job.hosts),
+        len(job.worlds) + 1, _p(stamp), _p(scratch), _p(out_i), _p(out_f), _p(out_ok),
+        _p(i64), _p(f64),
+    )  # fmt: skip
+    if got < 0:
+        raise Declined(f"rwa_collectives returned {got}")
+    late.i64, late.f64 = i64, f64
+    return _joined(first, rows, out_i, out_f, out_ok, job)
+
+
+def collectives_from_kept(
+    kept: CollectiveColumns, job: JobTables, passes: int, late: Lateness
+) -> Iterator[Any]:
+    """Each pass's `joined` rows (an Arrow table), its ops added to `late`;
+    Declined (raised before anything of a later pass is yielded) when the library is
+    missing or a kernel declines."""
+    lib = library()
+    if lib is None:
+        raise Declined("rwalign is not available")
+    sizes = pass_sizes(kept, passes)
+    for i in range(passes):
+        rows = _prepare(lib, kept, job, passes, i, int(sizes[i]))
+        joined = _one_pass(lib, rows, job, late)
+        del rows
+        yield joined
+
+
+# ------------------------------------------------------------------ arrow
+
+
+def _strings(codes: np.ndarray, valid: np.ndarray, strings: list[str]) -> Any:
+    """Codes of `strings` (valid where `valid`) as an Arrow dictionary array."""
+    import pyarrow as pa
+
+    indices = pa.array(codes.astype(np.int32), mask=~valid, type=pa.int32())
+    return pa.DictionaryArray.from_arrays(indices, pa.array(strings, type=pa.string()))
+
+
+def _joined(first: np.ndarray, rows: PassRows, out_i: np.ndarray, out_f: np.ndarray,
+            out_ok: np.ndarray, job: JobTables) -> Any:  # fmt: skip
+    """The `joined` rows as an Arrow table (types cast to the SQL form's by the caller)."""
+    import pyarrow as pa
+
+    valid = out_ok.astype(bool)
+    cols: dict[str, Any] = {}
+    key_comm, key_func = rows.comm[first], rows.func[first]
+    cols["comm_key"] = _strings(key_comm, key_comm >= 0, job.strings)
+    cols["func"] = _strings(key_func, key_func >= 0, job.strings)
+    cols["seq"] = pa.array(rows.seq[first], mask=rows.seq_ok[first] == 0)
+    strings = {"last_host": job.hosts, "comm_id": job.strings, "comm_name": job.strings}
+    for k, name in enumerate(OUT_I64):
+        if name in strings:
+            cols[name] = _strings(out_i[k], valid[k], strings[name])
+        else:
+            values = out_i[k].astype(bool) if name == "size_mismatch" else out_i[k]
+            cols[name] = pa.array(values, mask=~valid[k])
+    for k, name in enumerate(OUT_F64):
+        cols[name] = pa.array(out_f[k], mask=~valid[len(OUT_I64) + k])
+    return pa.table(cols)

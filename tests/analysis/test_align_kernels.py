@@ -1,0 +1,251 @@
+"""The compiled alignment (native/rwalign.c through rankwatch.align.kernels), run
+over the collective columns the native reader keeps while parsing
+(rankwatch.store.captured), gives the tables the SQL form gives: `collectives`
+value for value and `rank_lateness` (its means to rounding), on random records
+full of NULLs and ties, on simulated jobs aligned in several passes, with host
+clocks missing and world ranks unknown; it stands aside (the SQL form runs) when
+some ops came through another reader, and when an int64 result overflows (the SQL
+form's error, not a wrong number). The kernels also run under ASan and UBSan."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import re
+import subprocess
+from pathlib import Path
+
+import duckdb
+import pytest
+
+from helpers import NATIVE_DIR, c_compiler
+from rankwatch.align import align, collectives, kernels
+from rankwatch.align.clock import HOST_CLOCK_COLUMNS
+from rankwatch.model import Run
+from rankwatch.store import captured, ingest, native
+
+pytestmark = pytest.mark.skipif(
+    kernels.library() is None or not native.available(), reason="native libraries not built"
+)
+
+TABLES = ("collectives", "rank_lateness")
+
+
+def _rows(run: Run, table: str) -> list[tuple]:
+    return run.con.execute(f"SELECT * FROM {table} ORDER BY ALL").fetchall()
+
+
+def _align_both(run: Run, kept: captured.CollectiveColumns) -> dict[str, dict[str, list]]:
+    """Each table as the SQL form and as the compiled form make it (same types)."""
+    out: dict[str, dict[str, list]] = {}
+    for mode in ("sql", "native"):
+        if mode == "native":
+            run.meta["collectives_kept"] = kept
+        collectives.align_collectives(run)
+        assert "collectives_kept" not in run.meta  # used once, then released
+        out[mode] = {t: _rows(run, t) for t in TABLES}
+        out[mode + " types"] = {t: run.con.sql(f"SELECT * FROM {t}").types for t in TABLES}
+    assert out["sql types"] == out["native types"]
+    return out
+
+
+def _close(a: object, b: object) -> bool:
+    if isinstance(a, float) and isinstance(b, float):  # means of doubles: summed in another order
+        return math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-6)
+    return a == b
+
+
+def _assert_same(tables: dict[str, dict[str, list]]) -> None:
+    sql, native_ = tables["sql"], tables["native"]
+    assert sql["collectives"] == native_["collectives"]  # exact, NULLs and doubles included
+    assert len(sql["rank_lateness"]) == len(native_["rank_lateness"])
+    for a, b in zip(sql["rank_lateness"], native_["rank_lateness"], strict=True):
+        assert all(_close(x, y) for x, y in zip(a, b, strict=True)), (a, b)
+
+
+def _ingested(path: Path) -> tuple[Run, captured.CollectiveColumns]:
+    store = ingest([path], progress=False)
+    assert store.collectives_kept is not None
+    run = store.run()
+    align(run)  # ranks, clocks (and a first alignment, which releases the kept columns)
+    return run, store.collectives_kept
+
+
+# ---------------------------------------------------------------- random jobs
+
+HOSTS = ["h0", "h1", "h2", "hé"]
+
+
+def _record(rng: random.Random, host: str, pid: int, rank: int) -> dict:
+    def maybe(value: object, p: float = 0.17) -> object:
+        return None if rng.random() < p else value
+
+    comm = rng.choice(["0x0a", "0x00b", "0xB"])  # 0x00b and 0xB: one comm_key, two ids
+    base = 1_000_000 + rng.randrange(5) * 100
+    kind = rng.choice(["coll"] * 9 + ["p2p"])
+    func = rng.choice(["AllReduce", "AllGather"] if kind == "coll" else ["Send", "Recv"])
+    seq = rng.randrange(-3, 40) if kind == "coll" else rng.randrange(40)
+    perf = (
+        {"coll_perf": {"coll": func, "coll_sn": seq}}
+        if kind == "coll"
+        else {"p2p_perf": {"p2p": func, "p2p_sn": seq, "p2p_peer": 0}}
+    )
+    return {
+        "header": {"id": comm, "comm_name": maybe(rng.choice(["dp", "tp"])), "rank": rank,
+                   "n_ranks": maybe(8)},
+        "metadata": {"hostname": host, "pid": pid},
+        **perf,
+        "rankwatch": {
+            "schema": 1, "kind": kind, "func": func, "seq": seq, "peer": 0,
+            "msg_size_bytes": maybe(rng.choice([1024, 2048])),
+            "arrival_ns": maybe(base + rng.randrange(4)),
+            "gpu_start_ns": maybe(base + 10 + rng.randrange(4)),
+            "gpu_end_ns": maybe(base + 50 + rng.randrange(4)),
+        },
+    }  # fmt: skip
+
+
+def _random_job(out: Path, seed: int, records: int = 3000) -> Path:
+    """Files of random records: few distinct times (ties), about one value in six
+    NULL, two processes with two ranks each, one file holding two processes, one
+    rank beyond what the packed member keys hold."""
+    rng = random.Random(seed)
+    out.mkdir()
+    procs = [(HOSTS[r // 2], 100 + r // 2, r) for r in range(8)]
+    procs[7] = (procs[7][0], procs[7][1], 1 << 21)
+    by_file: dict[str, list[str]] = {}
+    for _ in range(records):
+        host, pid, rank = rng.choice(procs)
+        name = "mixed" if pid in (100, 101) else f"{host}-pid{pid}"
+        by_file.setdefault(name, []).append(json.dumps(_record(rng, host, pid, rank)))
+    for name, lines in by_file.items():
+        (out / f"{name}.log").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return out
+
+
+def _odd_clocks_and_ranks(run: Run, rng: random.Random) -> None:
+    """host_clock with offsets, drift and bounds, and no row for one host; rank_map
+    without a world rank for some ranks."""
+    run.con.execute(f"CREATE OR REPLACE TABLE host_clock ({HOST_CLOCK_COLUMNS})")
+    for i, host in enumerate(HOSTS[:3]):  # hé has no clock: its times and bounds are NULL
+        run.con.execute(
+            "INSERT INTO host_clock VALUES (?, ?, ?, ?, 1000000, ?, 0, 0, 1, 1, 'test')",
+            [host, i == 0, rng.choice([-3.5, 0.5, 2.0]), rng.choice([0.0, 2.5, 1e3]),
+             rng.choice([0.0, 5.0, 5.0, 12.5])],
+        )  # fmt: skip
+    run.con.execute(
+        "CREATE OR REPLACE TABLE rank_map AS SELECT DISTINCT comm_key, rank, host, pid, "
+        "CASE WHEN rank < 7 THEN rank END AS world_rank FROM ops"
+    )
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_random_records_with_nulls_and_ties_give_the_sql_tables(seed: int, tmp_path: Path) -> None:
+    run, kept = _ingested(_random_job(tmp_path / "job", seed))
+    assert kept.rows == run.sql("SELECT count(*) FROM ops WHERE kind = 'coll'").fetchall()[0][0]
+    _odd_clocks_and_ranks(run, random.Random(seed))
+    tables = _align_both(run, kept)
+    assert len(tables["native"]["collectives"]) > 100
+    _assert_same(tables)
+
+
+def test_passes_of_a_simulated_job_give_the_one_pass_sql_tables(
+    sim, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run, kept = _ingested(sim("clocks"))
+    monkeypatch.setattr(collectives, "NATIVE_ROWS_PER_PASS", 1 + kept.rows // 5)
+    tables = _align_both(run, kept)
+    assert len(tables["native"]["collectives"]) > 1000
+    _assert_same(tables)
+
+
+def test_kept_columns_stand_aside_when_some_ops_came_through_another_reader(
+    tmp_path: Path,
+) -> None:
+    job = _random_job(tmp_path / "job", 7)
+    bad = next(job.glob("h2-*.log"))
+    bad.write_text(bad.read_text() + "{not json\n" + bad.read_text(), encoding="utf-8")
+    store = ingest([job], progress=False)
+    kept = store.collectives_kept
+    assert kept is not None and bad.as_posix() not in store.native_files
+    run = store.run()
+    total = run.sql("SELECT count(*) FROM ops WHERE kind = 'coll'").fetchall()[0][0]
+    assert kept.rows < total  # the bad file's ops came through the careful reader
+    assert collectives._usable_kept(run) is None
+    align(run)  # the SQL form, over every op
+    assert run.sql("SELECT sum(n_seen) FROM collectives").fetchall()[0][0] == total
+
+
+def test_an_overflowing_difference_raises_the_sql_error(tmp_path: Path) -> None:
+    job = _random_job(tmp_path / "job", 0, records=300)
+    path = next(job.glob("h2-*.log"))
+    record = _record(random.Random(1), "h2", 102, 4)
+    record["rankwatch"].update(
+        kind="coll", seq=3, gpu_start_ns=9223372036854775000, gpu_end_ns=-9223372036854775000
+    )
+    path.write_text(path.read_text() + json.dumps(record) + "\n", encoding="utf-8")
+    store = ingest([job], progress=False)
+    run = store.run()
+    assert run.meta.get("collectives_kept") is not None
+    with pytest.raises(duckdb.OutOfRangeException, match="[Oo]verflow"):
+        align(run)
+
+
+# ------------------------------------------------------------ the C side
+
+
+def _enum(header: str, first: str) -> list[str]:
+    """Names of the enum in `header` that starts with `first`, in order."""
+    body = re.search(r"enum \{\s*(" + first + r"\b[^}]*)\}", header)
+    assert body is not None, first
+    return [name.strip().split(" ")[0] for name in body.group(1).split(",") if name.strip()]
+
+
+def test_column_orders_match_the_header() -> None:
+    header = (NATIVE_DIR / "rwalign.h").read_text()
+
+    def names(first: str, prefix: str) -> tuple[str, ...]:
+        return tuple(n.removeprefix(prefix).lower() for n in _enum(header, first)[:-1])
+
+    assert names("RWA_IN_N_RANKS", "RWA_IN_") == tuple(
+        c.removesuffix("_c") for c in kernels.IN_COLUMNS
+    )
+    assert names("RWA_N_RANKS", "RWA_") == kernels.OUT_I64
+    assert names("RWA_MEDIAN_ARRIVAL", "RWA_") == tuple(
+        n.removesuffix("_ns") for n in kernels.OUT_F64
+    )
+    assert names("RWA_L_COLLECTIVES", "RWA_L_") == kernels.LATE_I64
+    assert names("RWA_L_ARRIVAL_VS_MEDIAN_SUM", "RWA_L_") == kernels.LATE_F64
+    assert names("RWA_M_COMM_KEY", "RWA_M_") + ("",) == (*kernels.MEMBER_COLUMNS, "")
+    bits = dict(re.findall(r"RWA_V_(\w+) = (\d+)", header))
+    assert {k.lower(): int(v) for k, v in bits.items()} == {
+        name.removesuffix("_ns").removesuffix("_bytes"): bit
+        for name, bit in captured.VALID_BITS.items()
+    }
+
+
+@pytest.mark.skipif(c_compiler() is None, reason="no C compiler")
+def test_kernels_survive_random_and_extreme_inputs_under_sanitizers(tmp_path: Path) -> None:
+    cc = c_compiler()
+    assert cc is not None
+    binary = tmp_path / "fuzz_rwalign"
+    build = subprocess.run(
+        [cc, "-std=c11", "-Wall", "-Wextra", "-Werror", "-O1", "-g", "-ffp-contract=off",
+         "-fsanitize=address,undefined", "-fno-sanitize-recover=all",
+         "-fno-omit-frame-pointer", f"-I{NATIVE_DIR}", "-o", str(binary),
+         str(NATIVE_DIR / "tests" / "fuzz_rwalign.c"), str(NATIVE_DIR / "rwalign.c"), "-lm"],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    if build.returncode != 0 and "sanitize" in build.stderr:
+        pytest.skip(f"sanitizer runtime not available: {build.stderr[-300:]}")
+    assert build.returncode == 0, build.stderr
+    env = dict(os.environ, ASAN_OPTIONS="detect_leaks=1:abort_on_error=0")
+    for seed in (1, 2, 3):
+        done = subprocess.run(
+            [str(binary), "3000", str(seed)],
+            capture_output=True, text=True, timeout=120, check=False, env=env,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert done.stdout.startswith("ok:"), done.stdout
