@@ -27,6 +27,8 @@
 
 #define RWA_EXPORT __attribute__((visibility("default")))
 
+#define GROUP_TABLE_START 1024u /* slots of rwa_group's table at first (a power of two) */
+
 static uint64_t mix(uint64_t h) {
   h ^= h >> 33;
   h *= 0xff51afd7ed558ccdULL;
@@ -58,11 +60,15 @@ RWA_EXPORT int64_t rwa_group(int64_t n, const int64_t *comm, const int64_t *func
                              int64_t *table, int64_t *first, int64_t *group, int64_t *order,
                              int64_t *starts) {
   if (n < 0 || cap < 2 * n || cap < 1 || (cap & (cap - 1)) != 0) return RWA_RANGE;
-  uint64_t mask = (uint64_t)cap - 1;
-  for (int64_t s = 0; s < cap; s++) table[s] = -1;
+  /* The table in use starts small and doubles whenever it is half full: groups are
+   * a fraction of the rows (one per collective, each with all its ranks' rows), and
+   * a table sized for them stays in cache where one sized for the rows would not. */
+  uint64_t used = cap < GROUP_TABLE_START ? (uint64_t)cap : GROUP_TABLE_START;
+  uint64_t mask = used - 1;
+  for (uint64_t s = 0; s < used; s++) table[s] = -1;
   int64_t count = 0;
   for (int64_t i = 0; i < n; i++) {
-    if (i > 0 && same_key(i, i - 1, comm, func, seq, seq_ok)) { /* runs: the usual case */
+    if (i > 0 && same_key(i, i - 1, comm, func, seq, seq_ok)) { /* runs of one collective */
       group[i] = group[i - 1];
       continue;
     }
@@ -77,6 +83,17 @@ RWA_EXPORT int64_t rwa_group(int64_t n, const int64_t *comm, const int64_t *func
       g = count++;
       table[at] = g;
       first[g] = i;
+      if ((uint64_t)count * 2 > used && used < (uint64_t)cap) { /* grow: rehash the groups */
+        used *= 2;
+        mask = used - 1;
+        for (uint64_t s = 0; s < used; s++) table[s] = -1;
+        for (int64_t h = 0; h < count; h++) {
+          int64_t r = first[h];
+          uint64_t to = key_hash(comm[r], func[r], seq[r], seq_ok[r]) & mask;
+          while (table[to] >= 0) to = (to + 1) & mask;
+          table[to] = h;
+        }
+      }
     }
     group[i] = g;
   }

@@ -49,7 +49,7 @@ static int one_round(int64_t n) {
   for (int64_t i = 0; i < n; i++) {
     comm[i] = code_like(3, 0);
     func[i] = code_like(2, 0);
-    seq[i] = pick(10) ? pick(8) : value_like();
+    seq[i] = n > 1000 ? pick(n) : pick(10) ? pick(8) : value_like(); /* many groups: growth */
     seq_ok[i] = (uint8_t)(pick(8) != 0);
   }
   int64_t cap = 1;
@@ -161,7 +161,7 @@ int main(int argc, char **argv) {
   long iterations = argc > 1 ? atol(argv[1]) : 1000;
   state = argc > 2 ? (uint64_t)atoll(argv[2]) : 1;
   for (long it = 0; it < iterations; it++) {
-    int64_t n = pick(4) == 0 ? pick(3) : pick(300);
+    int64_t n = pick(4) == 0 ? pick(3) : pick(50) == 0 ? 1000 + pick(3000) : pick(300);
     if (!one_round(n) || !prepare_round(n)) {
       printf("failed at iteration %ld (n = %lld)\n", it, (long long)n);
       return 1;

@@ -84,6 +84,8 @@ class _FileState:
     remap: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int32))
     key_remap: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int32))
     parts: list[_Part] = field(default_factory=list)
+    member_keys: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.uint64))
+    member_codes: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int32))
 
 
 class CollectiveCapture:
@@ -162,6 +164,11 @@ class CollectiveCapture:
         n_ranks = np.where(present("n_ranks").astype(bool), take("n_ranks"), -1)
         host, pid = take("host"), take("pid")
         key = _packed(cid, cname, rank, n_ranks, host, pid)
+        if key is not None and len(state.member_keys):
+            # the usual chunk: members its file had before (a sorted lookup, no sort)
+            at = np.minimum(np.searchsorted(state.member_keys, key), len(state.member_keys) - 1)
+            if bool((state.member_keys[at] == key).all()):
+                return state.member_codes[at]
         if key is not None:
             uniq, inverse = np.unique(key, return_inverse=True)
             firsts = np.zeros(len(uniq), dtype=np.int64)
@@ -186,6 +193,12 @@ class CollectiveCapture:
                 if code is None:
                     code = self._members[member] = len(self._members)
                 codes[j] = code
+        if key is not None:  # remember the file's packed members, sorted
+            merged = np.concatenate([state.member_keys, uniq])
+            order = np.argsort(merged, kind="stable")
+            merged, first = np.unique(merged[order], return_index=True)
+            state.member_codes = np.concatenate([state.member_codes, codes])[order][first]
+            state.member_keys = merged
         return codes[np.asarray(inverse).reshape(-1)]
 
     def drop(self, path: str) -> None:
