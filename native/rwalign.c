@@ -487,8 +487,8 @@ static int64_t member_col(const int64_t *members, int64_t m, int col) {
 /* The rows of one pass of rwa_collectives from a job's captured collective ops
  * (rankwatch.store.captured): per row its member (which gives communicator,
  * rank, host and world rank), function code (mapped through func_rank into the
- * order of the function names), seq, message size and times (NULL where the bit
- * of RWA_V_* in `valid` is clear); per host its clock (clock_ok 0: no clock row,
+ * order of the function names), seq, message size, times and clock error (NULL
+ * where the bit of RWA_V_* in `valid` is clear) and whether it completed; per host its clock (clock_ok 0: no clock row,
  * every corrected time NULL) and bound. A pass takes the rows whose
  * ((seq % passes) + passes) % passes equals `pass`, as the SQL form's passes.
  * Writes at most `cap` rows of rwa_group's keys (out_*) and rwa_collectives'
@@ -498,7 +498,7 @@ static int64_t member_col(const int64_t *members, int64_t m, int col) {
 RWA_EXPORT int64_t rwa_prepare(
     int64_t n, const int32_t *member, const int32_t *func, const int64_t *seq,
     const int64_t *msg, const int64_t *arrival, const int64_t *gpu_start, const int64_t *gpu_end,
-    const uint8_t *valid, int64_t n_members, const int64_t *members, int64_t n_funcs,
+    const int64_t *clock_error, const uint8_t *valid, int64_t n_members, const int64_t *members, int64_t n_funcs,
     const int64_t *func_rank, int64_t n_hosts, const uint8_t *clock_ok, const double *offset_ns,
     const double *drift_ppm, const int64_t *t0_ns, const double *bound_ns,
     const uint8_t *bound_ok, int64_t passes, int64_t pass, int64_t cap, int64_t *out_comm,
@@ -554,11 +554,260 @@ RWA_EXPORT int64_t rwa_prepare(
     row[RWA_IN_COMM_ID] = member_col(members, m, RWA_M_COMM_ID);
     row[RWA_IN_COMM_NAME] = member_col(members, m, RWA_M_COMM_NAME);
     row[RWA_IN_WORLD_CODE] = member_col(members, m, RWA_M_WORLD_CODE);
+    row[RWA_IN_CLOCK_ERROR] = clock_error[i];
+    row[RWA_IN_COMPLETE] = !(valid[i] & RWA_V_INCOMPLETE); /* coalesce(complete, true) */
     for (int c = RWA_IN_HOST; c < RWA_IN; c++) ok[c] = 1;
+    ok[RWA_IN_CLOCK_ERROR] = (uint8_t)((valid[i] & RWA_V_CLOCK_ERROR) != 0);
     int has_clock = clock_ok[h] && bound_ok[h];
     bound[k] = has_clock ? bound_ns[h] : 0.0;
     row_bound_ok[k] = (uint8_t)has_clock;
     k++;
   }
   return k;
+}
+
+/* -------------------------------------------------------------- host clocks */
+
+/* Per-host accumulators of rwa_clock_obs, int64 [RWA_OBS_SCRATCH][n_hosts]. */
+enum { OBS_STAMP, OBS_MIN_END, OBS_MAX_START, OBS_HAS_START, OBS_ERR, OBS_COUNT, OBS_SEEN };
+
+/* What clock.py's OBS_SQL computes, from one pass of rwa_prepare's rows made with
+ * the identity clock (raw host times) and grouped by rwa_group: for each
+ * collective whose communicator spans several hosts (multi[comm], comm >= 0) and
+ * each host among its rows that have a GPU end and did not fail to complete,
+ * CAST(min(gpu_end) - t0 AS DOUBLE), CAST(max(coalesce(gpu_start, arrival)) - t0
+ * AS DOUBLE) (NULL when neither is known), avg(CAST(gpu_end - t0 AS DOUBLE)) and
+ * CAST(max(coalesce(clock_error, 0)) AS DOUBLE). Observations of one collective
+ * are written together (hosts in the order they first appear), numbered
+ * first_id + g for group g. `scratch`: RWA_OBS_SCRATCH * n_hosts int64 with the
+ * first n_hosts (the stamps) set to -1 by the caller; `sums`: n_hosts doubles.
+ * Returns how many were written; RWA_RANGE past cap or for a code out of range,
+ * RWA_OVERFLOW where SQL raises an int64 overflow. */
+RWA_EXPORT int64_t rwa_clock_obs(int64_t n_groups, const int64_t *starts, const int64_t *order,
+                                 int64_t n, const int64_t *in, const uint8_t *in_ok,
+                                 const int64_t *comm, int64_t n_comm, const uint8_t *multi,
+                                 int64_t n_hosts, int64_t *scratch, double *sums,
+                                 int64_t t0_ns, int64_t first_id, int64_t cap, int64_t *out_id,
+                                 int64_t *out_host, double *out_min_end, double *out_max_start,
+                                 uint8_t *out_max_start_ok, double *out_mean_end,
+                                 double *out_err) {
+  if (n_groups < 0 || n < 0 || n_comm < 0 || n_hosts < 0 || cap < 0) return RWA_RANGE;
+  if (starts[0] != 0 || starts[n_groups] != n) return RWA_RANGE;
+  int64_t *stamp = scratch + OBS_STAMP * n_hosts, *min_end = scratch + OBS_MIN_END * n_hosts;
+  int64_t *max_start = scratch + OBS_MAX_START * n_hosts;
+  int64_t *has_start = scratch + OBS_HAS_START * n_hosts, *err = scratch + OBS_ERR * n_hosts;
+  int64_t *count = scratch + OBS_COUNT * n_hosts, *seen = scratch + OBS_SEEN * n_hosts;
+  int64_t k = 0;
+  for (int64_t g = 0; g < n_groups; g++) {
+    int64_t lo = starts[g], hi = starts[g + 1];
+    if (hi < lo || hi > n) return RWA_RANGE;
+    if (lo == hi) continue;
+    if (order[lo] < 0 || order[lo] >= n) return RWA_RANGE;
+    int64_t c = comm[order[lo]];
+    if (c < -1 || c >= n_comm) return RWA_RANGE;
+    if (c < 0 || !multi[c]) continue; /* NULL keys do not join; one-host communicators */
+    int64_t hosts = 0;
+    for (int64_t j = lo; j < hi; j++) {
+      int64_t i = order[j];
+      if (i < 0 || i >= n) return RWA_RANGE;
+      const int64_t *row = in + i * RWA_IN;
+      const uint8_t *ok = in_ok + i * RWA_IN;
+      if (!ok[RWA_IN_GPU_END] || !row[RWA_IN_COMPLETE]) continue;
+      int64_t h = row[RWA_IN_HOST];
+      if (h < 0 || h >= n_hosts) return RWA_RANGE;
+      int64_t end = row[RWA_IN_GPU_END], since;
+      if (__builtin_sub_overflow(end, t0_ns, &since)) return RWA_OVERFLOW;
+      int start_ok = ok[RWA_IN_GPU_START] || ok[RWA_IN_ARRIVAL];
+      int64_t start = ok[RWA_IN_GPU_START] ? row[RWA_IN_GPU_START] : row[RWA_IN_ARRIVAL];
+      int64_t error = ok[RWA_IN_CLOCK_ERROR] ? row[RWA_IN_CLOCK_ERROR] : 0;
+      if (stamp[h] != g) { /* the host's first row in this collective */
+        stamp[h] = g;
+        seen[hosts++] = h;
+        min_end[h] = end, err[h] = error, count[h] = 0, sums[h] = 0.0;
+        has_start[h] = 0;
+      }
+      if (end < min_end[h]) min_end[h] = end;
+      if (error > err[h]) err[h] = error;
+      if (start_ok && (!has_start[h] || start > max_start[h])) {
+        max_start[h] = start;
+        has_start[h] = 1;
+      }
+      sums[h] += (double)since;
+      count[h]++;
+    }
+    if (k + hosts > cap) return RWA_RANGE;
+    for (int64_t q = 0; q < hosts; q++, k++) {
+      int64_t h = seen[q], d;
+      out_id[k] = first_id + g;
+      out_host[k] = h;
+      if (__builtin_sub_overflow(min_end[h], t0_ns, &d)) return RWA_OVERFLOW;
+      out_min_end[k] = (double)d;
+      out_max_start[k] = 0.0;
+      out_max_start_ok[k] = (uint8_t)has_start[h];
+      if (has_start[h]) {
+        if (__builtin_sub_overflow(max_start[h], t0_ns, &d)) return RWA_OVERFLOW;
+        out_max_start[k] = (double)d;
+      }
+      out_mean_end[k] = sums[h] / (double)count[h];
+      out_err[k] = (double)err[h];
+    }
+  }
+  return k;
+}
+
+/* The pair of two observations of one collective as PAIRS_SQL forms it (a the
+ * host with the smaller name), or 0 when the pair is not wanted (pair_of < 0). */
+typedef struct {
+  int64_t pair;
+  double t, d, up, lo;
+  int up_ok, lo_ok;
+} pair_t;
+
+static int make_pair(int64_t x, int64_t y, const int64_t *host, const double *min_end,
+                     const double *max_start, const uint8_t *max_start_ok,
+                     const double *mean_end, const double *err, int64_t n_hosts,
+                     const int64_t *pair_of, pair_t *p) {
+  if (host[x] == host[y]) return 0;
+  int64_t a = host[x] < host[y] ? x : y, b = a == x ? y : x;
+  p->pair = pair_of[host[a] * n_hosts + host[b]];
+  if (p->pair < 0) return 0;
+  p->t = (mean_end[a] + mean_end[b]) / 2;
+  p->d = mean_end[a] - mean_end[b];
+  p->up_ok = max_start_ok[b];
+  p->up = p->up_ok ? min_end[a] - max_start[b] + err[a] + err[b] : 0.0;
+  p->lo_ok = max_start_ok[a];
+  p->lo = p->lo_ok ? max_start[a] - min_end[b] - err[a] - err[b] : 0.0;
+  return 1;
+}
+
+/* The host pairs of every collective's observations (rwa_clock_obs's, in order of
+ * id), each in cell pair * n_buckets + (floor(t / width) - bucket_lo), by mode:
+ *   RWA_PAIRS_RANGE    range[0..2] = smallest and largest bucket, number of pairs;
+ *   RWA_PAIRS_COUNT    cell_next[cell]++ (the caller zeroes it);
+ *   RWA_PAIRS_FILL     values[cell_next[cell]++] = d, cell_t_sum[cell] += t (the
+ *                      caller sets cell_next to each cell's offset, zeroes the sums);
+ *   RWA_PAIRS_DETREND  with s = slope[a] - slope[b] and e = slope_err[pair]:
+ *                      values[cell_next[cell]++] = d - s * t, and per pair the
+ *                      min of up - s * t + e * |t| (upper) and the max of
+ *                      lo - s * t - e * |t| (lower), as DETRENDED_SQL.
+ * pair_of: n_hosts * n_hosts pair numbers (< n_pairs) of host codes a < b, -1 for
+ * pairs not wanted. Returns the number of pairs; RWA_RANGE for a code or bucket out
+ * of range. */
+RWA_EXPORT int64_t rwa_clock_pairs(int mode, int64_t n_obs, const int64_t *id,
+                                   const int64_t *host, const double *min_end,
+                                   const double *max_start, const uint8_t *max_start_ok,
+                                   const double *mean_end, const double *err, int64_t n_hosts,
+                                   const int64_t *pair_of, int64_t n_pairs, double width,
+                                   int64_t bucket_lo, int64_t n_buckets, int64_t *cell_next,
+                                   double *values, double *cell_t_sum, const double *slope,
+                                   const double *slope_err, double *upper, uint8_t *upper_ok,
+                                   double *lower, uint8_t *lower_ok, int64_t *range) {
+  if (n_obs < 0 || n_hosts < 0 || n_pairs < 0 || n_buckets < 0 || !(width > 0)) return RWA_RANGE;
+  for (int64_t i = 0; i < n_obs; i++)
+    if (host[i] < 0 || host[i] >= n_hosts || (i > 0 && id[i] < id[i - 1])) return RWA_RANGE;
+  for (int64_t q = 0; q < n_hosts * n_hosts; q++)
+    if (pair_of[q] < -1 || pair_of[q] >= n_pairs) return RWA_RANGE;
+  int64_t rows = 0;
+  for (int64_t lo = 0, hi; lo < n_obs; lo = hi) {
+    for (hi = lo + 1; hi < n_obs && id[hi] == id[lo]; hi++) {
+    }
+    for (int64_t x = lo; x < hi; x++)
+      for (int64_t y = x + 1; y < hi; y++) {
+        pair_t p;
+        if (!make_pair(x, y, host, min_end, max_start, max_start_ok, mean_end, err, n_hosts,
+                       pair_of, &p))
+          continue;
+        double fb = floor(p.t / width);
+        if (!(fb >= -4e18 && fb <= 4e18)) return RWA_RANGE;
+        int64_t bucket = (int64_t)fb;
+        if (mode == RWA_PAIRS_RANGE) {
+          if (rows == 0 || bucket < range[0]) range[0] = bucket;
+          if (rows == 0 || bucket > range[1]) range[1] = bucket;
+          rows++;
+          continue;
+        }
+        if (bucket < bucket_lo || bucket - bucket_lo >= n_buckets) return RWA_RANGE;
+        int64_t cell = p.pair * n_buckets + (bucket - bucket_lo);
+        rows++;
+        if (mode == RWA_PAIRS_COUNT) {
+          cell_next[cell]++;
+        } else if (mode == RWA_PAIRS_FILL) {
+          values[cell_next[cell]++] = p.d;
+          cell_t_sum[cell] += p.t;
+        } else if (mode == RWA_PAIRS_DETREND) {
+          int64_t a = host[x] < host[y] ? host[x] : host[y], b = a == host[x] ? host[y] : host[x];
+          double s = slope[a] - slope[b], e = slope_err[p.pair], at = fabs(p.t);
+          values[cell_next[cell]++] = p.d - s * p.t;
+          if (p.up_ok) {
+            double u = p.up - s * p.t + e * at;
+            if (!upper_ok[p.pair] || u < upper[p.pair]) upper[p.pair] = u, upper_ok[p.pair] = 1;
+          }
+          if (p.lo_ok) {
+            double l = p.lo - s * p.t - e * at;
+            if (!lower_ok[p.pair] || l > lower[p.pair]) lower[p.pair] = l, lower_ok[p.pair] = 1;
+          }
+        } else {
+          return RWA_RANGE;
+        }
+      }
+  }
+  if (mode == RWA_PAIRS_RANGE) range[2] = rows;
+  return rows;
+}
+
+/* The k-th smallest of v[0 .. m) (0-based), moving it to v[k] with nothing larger
+ * before it and nothing smaller after it (quickselect, median-of-three pivots:
+ * linear on average where sorting is not). Values are finite doubles. */
+static double select_kth(double *v, int64_t m, int64_t k) {
+  int64_t lo = 0, hi = m - 1;
+  while (hi > lo) {
+    int64_t mid = lo + (hi - lo) / 2;
+    double a = v[lo], b = v[mid], c = v[hi];
+    double pivot = a < b ? (b < c ? b : (a < c ? c : a)) : (a < c ? a : (b < c ? c : b));
+    int64_t i = lo, j = hi;
+    while (i <= j) {
+      while (v[i] < pivot) i++;
+      while (v[j] > pivot) j--;
+      if (i <= j) {
+        double t = v[i];
+        v[i] = v[j];
+        v[j] = t;
+        i++;
+        j--;
+      }
+    }
+    if (k <= j) hi = j;
+    else if (k >= i) lo = i;
+    else break; /* v[j + 1 .. i - 1] all equal the pivot, k among them */
+  }
+  return v[k];
+}
+
+/* PERCENTILE_CONT(0.5) of each segment values[offsets[s] .. offsets[s + 1]) as
+ * DuckDB forms it (the middle value, or lo + (hi - lo) * 0.5 of the two middle
+ * ones), NaN for an empty one; reorders the segments in place. Returns
+ * n_segments, or RWA_RANGE. */
+RWA_EXPORT int64_t rwa_medians(int64_t n_segments, const int64_t *offsets, double *values,
+                               double *out) {
+  if (n_segments < 0 || (n_segments > 0 && offsets[0] < 0)) return RWA_RANGE;
+  for (int64_t s = 0; s < n_segments; s++)
+    if (offsets[s + 1] < offsets[s]) return RWA_RANGE;
+  for (int64_t s = 0; s < n_segments; s++) {
+    int64_t m = offsets[s + 1] - offsets[s];
+    double *v = values + offsets[s];
+    if (m == 0) {
+      out[s] = NAN;
+      continue;
+    }
+    double hi = select_kth(v, m, m / 2);
+    if (m % 2) {
+      out[s] = hi;
+      continue;
+    }
+    double lo = v[0]; /* the largest of v[0 .. m / 2), all at most hi */
+    for (int64_t j = 1; j < m / 2; j++)
+      if (v[j] > lo) lo = v[j];
+    out[s] = lo + (hi - lo) * 0.5;
+  }
+  return n_segments;
 }

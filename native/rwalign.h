@@ -17,7 +17,7 @@ enum { RWA_OK = 0, RWA_RANGE = -2, RWA_OVERFLOW = -3 };
 enum {
   RWA_IN_N_RANKS, RWA_IN_MSG_BYTES, RWA_IN_RANK, RWA_IN_WORLD_RANK, RWA_IN_ARRIVAL,
   RWA_IN_GPU_START, RWA_IN_GPU_END, RWA_IN_DURATION, RWA_IN_HOST, RWA_IN_COMM_ID,
-  RWA_IN_COMM_NAME, RWA_IN_WORLD_CODE, RWA_IN
+  RWA_IN_COMM_NAME, RWA_IN_WORLD_CODE, RWA_IN_CLOCK_ERROR, RWA_IN_COMPLETE, RWA_IN
 };
 
 /* Per-collective outputs: int64 columns, then double columns; one validity row
@@ -52,11 +52,15 @@ enum {
   RWA_M_HOST, RWA_M_WORLD_RANK, RWA_M_WORLD_OK, RWA_M_WORLD_CODE, RWA_M
 };
 /* ... and the validity bits of a captured row's nullable columns. */
-enum { RWA_V_MSG = 1, RWA_V_ARRIVAL = 2, RWA_V_GPU_START = 4, RWA_V_GPU_END = 8 };
+enum {
+  RWA_V_MSG = 1, RWA_V_ARRIVAL = 2, RWA_V_GPU_START = 4, RWA_V_GPU_END = 8,
+  RWA_V_CLOCK_ERROR = 16, RWA_V_INCOMPLETE = 32 /* `complete` is false (not NULL, not true) */
+};
 
 int64_t rwa_prepare(int64_t n, const int32_t *member, const int32_t *func, const int64_t *seq,
                     const int64_t *msg, const int64_t *arrival, const int64_t *gpu_start,
-                    const int64_t *gpu_end, const uint8_t *valid, int64_t n_members,
+                    const int64_t *gpu_end, const int64_t *clock_error,
+                    const uint8_t *valid, int64_t n_members,
                     const int64_t *members, int64_t n_funcs, const int64_t *func_rank,
                     int64_t n_hosts, const uint8_t *clock_ok, const double *offset_ns,
                     const double *drift_ppm, const int64_t *t0_ns, const double *bound_ns,
@@ -64,6 +68,29 @@ int64_t rwa_prepare(int64_t n, const int32_t *member, const int32_t *func, const
                     int64_t *out_comm, int64_t *out_func, int64_t *out_seq,
                     uint8_t *out_seq_ok, int64_t *in, uint8_t *in_ok, double *bound,
                     uint8_t *row_bound_ok, uint8_t *key_ok);
+/* rwa_clock_obs: per (collective, host) observations of clock.py's OBS_SQL. */
+enum { RWA_OBS_SCRATCH = 7 };
+int64_t rwa_clock_obs(int64_t n_groups, const int64_t *starts, const int64_t *order, int64_t n,
+                      const int64_t *in, const uint8_t *in_ok, const int64_t *comm,
+                      int64_t n_comm, const uint8_t *multi, int64_t n_hosts,
+                      int64_t *scratch, double *sums, int64_t t0_ns,
+                      int64_t first_id, int64_t cap, int64_t *out_id, int64_t *out_host,
+                      double *out_min_end, double *out_max_start, uint8_t *out_max_start_ok,
+                      double *out_mean_end, double *out_err);
+/* rwa_clock_pairs: pairs of observations of one collective (PAIRS_SQL) by cell
+ * (pair, time bucket); see rwalign.c for the modes. */
+enum { RWA_PAIRS_RANGE, RWA_PAIRS_COUNT, RWA_PAIRS_FILL, RWA_PAIRS_DETREND };
+int64_t rwa_clock_pairs(int mode, int64_t n_obs, const int64_t *id, const int64_t *host,
+                        const double *min_end, const double *max_start,
+                        const uint8_t *max_start_ok, const double *mean_end, const double *err,
+                        int64_t n_hosts, const int64_t *pair_of, int64_t n_pairs, double width,
+                        int64_t bucket_lo, int64_t n_buckets, int64_t *cell_next,
+                        double *values, double *cell_t_sum, const double *slope,
+                        const double *slope_err, double *upper, uint8_t *upper_ok, double *lower,
+                        uint8_t *lower_ok, int64_t *range);
+/* rwa_medians: PERCENTILE_CONT(0.5) of each segment of values (sorted in place). */
+int64_t rwa_medians(int64_t n_segments, const int64_t *offsets, double *values, double *out);
+
 int64_t rwa_group(int64_t n, const int64_t *comm, const int64_t *func, const int64_t *seq,
                   const uint8_t *seq_ok, int64_t cap, int64_t *table, int64_t *first,
                   int64_t *group, int64_t *order, int64_t *starts);

@@ -18,12 +18,14 @@ import subprocess
 from pathlib import Path
 
 import duckdb
+import numpy as np
 import pytest
 
 from helpers import NATIVE_DIR, c_compiler
 from rankwatch.align import align, collectives, kernels
-from rankwatch.align.clock import HOST_CLOCK_COLUMNS
+from rankwatch.align.clock import HOST_CLOCK_COLUMNS, HostClock, estimate_clocks
 from rankwatch.model import Run
+from rankwatch.simulate import SimConfig, simulate
 from rankwatch.store import captured, ingest, native
 
 pytestmark = pytest.mark.skipif(
@@ -103,6 +105,8 @@ def _record(rng: random.Random, host: str, pid: int, rank: int) -> dict:
             "arrival_ns": maybe(base + rng.randrange(4)),
             "gpu_start_ns": maybe(base + 10 + rng.randrange(4)),
             "gpu_end_ns": maybe(base + 50 + rng.randrange(4)),
+            "clock_error_ns": maybe(rng.randrange(100)),
+            "complete": maybe(rng.random() < 0.9),
         },
     }  # fmt: skip
 
@@ -158,7 +162,7 @@ def test_passes_of_a_simulated_job_give_the_one_pass_sql_tables(
     # small chunks: a file's later chunks find their members among those kept before
     monkeypatch.setattr(native.Reader.__init__, "__defaults__", (512,))
     run, kept = _ingested(sim(job))
-    monkeypatch.setattr(collectives, "NATIVE_ROWS_PER_PASS", 1 + kept.rows // 5)
+    monkeypatch.setattr(kernels, "ROWS_PER_PASS", 1 + kept.rows // 5)
     tables = _align_both(run, kept)
     assert len(tables["native"]["collectives"]) > 500
     _assert_same(tables)
@@ -176,7 +180,7 @@ def test_kept_columns_stand_aside_when_some_ops_came_through_another_reader(
     run = store.run()
     total = run.sql("SELECT count(*) FROM ops WHERE kind = 'coll'").fetchall()[0][0]
     assert kept.rows < total  # the bad file's ops came through the careful reader
-    assert collectives._usable_kept(run) is None
+    assert kernels.usable_kept(run) is None
     align(run)  # the SQL form, over every op
     assert run.sql("SELECT sum(n_seen) FROM collectives").fetchall()[0][0] == total
 
@@ -194,6 +198,73 @@ def test_an_overflowing_difference_raises_the_sql_error(tmp_path: Path) -> None:
     assert run.meta.get("collectives_kept") is not None
     with pytest.raises(duckdb.OutOfRangeException, match="[Oo]verflow"):
         align(run)
+
+
+# ---------------------------------------------------------------- host clocks
+
+
+def _clocks_both(run: Run, kept: captured.CollectiveColumns) -> list[tuple[HostClock, HostClock]]:
+    """Each host's clock as the SQL form and as the compiled form estimate it."""
+    run.meta.pop("collectives_kept", None)
+    by_sql = estimate_clocks(run)
+    run.meta["collectives_kept"] = kept
+    by_kernels = estimate_clocks(run)
+    assert "collectives_kept" in run.meta  # kept for the collectives
+    assert [h.host for h in by_sql.hosts] == [h.host for h in by_kernels.hosts]
+    assert by_sql.consistent == by_kernels.consistent
+    return list(zip(by_sql.hosts, by_kernels.hosts, strict=True))
+
+
+def _assert_same_clocks(pairs: list[tuple[HostClock, HostClock]]) -> None:
+    """Equal but for the order of summation of doubles (means of GPU end times)."""
+    for a, b in pairs:
+        for name in ("offset_ns", "drift_ppm", "bound_ns", "lo_ns", "hi_ns"):
+            x, y = getattr(a, name), getattr(b, name)
+            assert (x is None) == (y is None), (a, b)
+            assert x is None or math.isclose(x, y, rel_tol=1e-9, abs_tol=1e-3), (name, a, b)
+        assert (a.reference, a.pairs, a.constraints, a.method) == (
+            b.reference, b.pairs, b.constraints, b.method,
+        )  # fmt: skip
+
+
+@pytest.mark.parametrize("job", ["clocks", "plain", "slow_gpu"])
+def test_clock_estimates_equal_the_sql_form(job: str, sim) -> None:
+    run, kept = _ingested(sim(job))
+    pairs = _clocks_both(run, kept)
+    assert sum(a.constraints for a, _ in pairs) > 100
+    _assert_same_clocks(pairs)
+
+
+def test_clock_estimates_of_many_hosts_use_the_same_pairs(tmp_path: Path) -> None:
+    """Above MAX_ALL_PAIRS_HOSTS hosts only a ring and a star of host pairs are used."""
+    simulate(SimConfig(ranks=40, hosts=40, steps=30, seed=9, clock_offset_us=3000, drift_ppm=5),
+             tmp_path / "job")  # fmt: skip
+    run, kept = _ingested(tmp_path / "job")
+    pairs = _clocks_both(run, kept)
+    assert sum(a.pairs for a, _ in pairs) < 40 * 39  # not every pair
+    _assert_same_clocks(pairs)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_clock_estimates_of_random_records_equal_the_sql_form(seed: int, tmp_path: Path) -> None:
+    run, kept = _ingested(_random_job(tmp_path / "job", seed, records=6000))
+    _assert_same_clocks(_clocks_both(run, kept))
+
+
+def test_medians_are_duckdbs_percentile_cont() -> None:
+    rng = np.random.default_rng(5)
+    sizes = [0, 1, 2, 3, 4, 5, 64, 65, 1000, 1001]
+    values = np.concatenate([rng.integers(-5, 5, n).astype(float) * 0.1 for n in sizes])
+    values[::7] = rng.normal(size=len(values[::7])) * 1e12  # wide and tied values
+    offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    want = duckdb.sql(
+        "SELECT s, PERCENTILE_CONT(0.5) WITHIN GROUP (ORDER BY v) FROM "
+        "(SELECT unnest(?::BIGINT[]) AS s, unnest(?::DOUBLE[]) AS v) GROUP BY s ORDER BY s",
+        params=[np.repeat(np.arange(len(sizes)), sizes).tolist(), values.tolist()],
+    ).fetchall()
+    got = kernels.medians(offsets, values.copy())
+    assert np.isnan(got[0])
+    assert [(s, float(got[s])) for s, _ in want] == want  # bit for bit
 
 
 # ------------------------------------------------------------ the C side
@@ -224,8 +295,11 @@ def test_column_orders_match_the_header() -> None:
     assert names("RWA_M_COMM_KEY", "RWA_M_") + ("",) == (*kernels.MEMBER_COLUMNS, "")
     bits = dict(re.findall(r"RWA_V_(\w+) = (\d+)", header))
     assert {k.lower(): int(v) for k, v in bits.items()} == {
-        name.removesuffix("_ns").removesuffix("_bytes"): bit
-        for name, bit in captured.VALID_BITS.items()
+        **{
+            name.removesuffix("_ns").removesuffix("_bytes"): bit
+            for name, bit in captured.VALID_BITS.items()
+        },
+        "incomplete": captured.INCOMPLETE_BIT,
     }
 
 

@@ -39,7 +39,6 @@ from typing import Any
 from rankwatch.align import kernels
 from rankwatch.align.clock import correction_sql
 from rankwatch.model import Run
-from rankwatch.store.captured import CollectiveColumns
 
 OPS_ALIGNED_SQL = f"""
 CREATE OR REPLACE VIEW ops_aligned AS
@@ -177,11 +176,9 @@ FROM b
 COLLECTIVES_QUERY = JOINED_CTES + TAIL
 
 COLLECTIVES_SQL = "CREATE OR REPLACE TABLE collectives AS" + COLLECTIVES_QUERY.format(part="TRUE")
-# Rows of collective ops aligned in one pass: about 300 bytes of memory each in
-# SQL, about 190 in the compiled form (rwa_prepare's rows and rwa_group's arrays),
-# whose passes cost less (each a scan of the kept columns, 49 bytes a row).
+# Rows of collective ops aligned in one pass (about 300 bytes of memory each; the
+# compiled form's passes: kernels.ROWS_PER_PASS).
 ROWS_PER_PASS = 2_500_000
-NATIVE_ROWS_PER_PASS = 500_000
 
 COLLECTIVE_RANKS_SQL = """
 CREATE OR REPLACE VIEW collective_ranks AS
@@ -253,22 +250,12 @@ def _cast_select(con: Any, query: str) -> str:
     )
 
 
-def _usable_kept(run: Run) -> CollectiveColumns | None:
-    """The collective columns the native reader kept, when they are exactly the
-    ops table's collective rows (every op came through it) and the kernels exist."""
-    kept = run.meta.pop("collectives_kept", None)
-    if kept is None or kernels.library() is None:
-        return None
-    rows = int(run.con.execute("SELECT count(*) FROM ops WHERE kind = 'coll'").fetchall()[0][0])
-    return kept if rows == kept.rows else None
-
-
 def _collectives_native(run: Run) -> kernels.Lateness | None:
     """Create collectives with the compiled kernels (kernels.py) from the kept
     columns, in passes as the SQL form; returns the rank lateness sums, or None when
     there are no usable kept columns or a kernel declines (nothing is left created
     then: the caller runs the SQL form)."""
-    kept = _usable_kept(run)
+    kept = kernels.usable_kept(run, release=True)
     if kept is None:
         return None
     con = run.con
@@ -276,7 +263,7 @@ def _collectives_native(run: Run) -> kernels.Lateness | None:
     try:
         job = kernels.job_tables(con, kept)
         late = kernels.Lateness(job.hosts, job.worlds)
-        passes = _passes(kept.rows, NATIVE_ROWS_PER_PASS)
+        passes = kernels.passes(kept.rows)
         for i, rows in enumerate(kernels.collectives_from_kept(kept, job, passes, late)):
             target = "INSERT INTO collectives" if i else "CREATE OR REPLACE TABLE collectives AS"
             con.register("rankwatch_joined", rows)

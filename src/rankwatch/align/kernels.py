@@ -31,7 +31,8 @@ LIB_FILENAME = "librankwatch-rwalign.so"
 
 # rwalign.h: per-row inputs, per-collective outputs, per-world-rank accumulators
 IN_COLUMNS = ("n_ranks", "msg_bytes", "rank", "world_rank", "arrival_c", "gpu_start_c",
-              "gpu_end_c", "duration", "host", "comm_id", "comm_name", "world_code")  # fmt: skip
+              "gpu_end_c", "duration", "host", "comm_id", "comm_name", "world_code",
+              "clock_error", "complete")  # fmt: skip
 OUT_I64 = ("n_ranks", "n_seen", "hosts", "msg_bytes", "size_mismatch", "first_arrival",
            "last_arrival", "second_last_arrival", "last_rank", "last_world_rank", "last_host",
            "first_gpu_start", "last_gpu_start", "second_last_gpu_start", "last_gpu_world_rank",
@@ -54,7 +55,21 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     sigs = {
         "rwa_group": [i64, p, p, p, p, i64, p, p, p, p, p],
         "rwa_collectives": [i64, p, p, i64, p, p, p, p, p, i64, i64, *[p] * 7],
-        "rwa_prepare": [i64, *[p] * 8, i64, p, i64, p, i64, *[p] * 6, i64, i64, i64, *[p] * 9],
+        "rwa_prepare": [i64, *[p] * 9, i64, p, i64, p, i64, *[p] * 6, i64, i64, i64, *[p] * 9],
+        "rwa_clock_obs": [i64, p, p, i64, p, p, p, i64, p, i64, p, p, i64, i64, i64, *[p] * 7],
+        "rwa_clock_pairs": [
+            ctypes.c_int,
+            i64,
+            *[p] * 7,
+            i64,
+            p,
+            i64,
+            ctypes.c_double,
+            i64,
+            i64,
+            *[p] * 10,
+        ],
+        "rwa_medians": [i64, p, p, p],
     }
     for name, argtypes in sigs.items():
         fn = getattr(lib, name)
@@ -71,6 +86,8 @@ def library() -> ctypes.CDLL | None:
 
 
 def _p(a: np.ndarray) -> int:
+    if not a.flags.c_contiguous:  # a strided view's pointer would read other elements
+        raise ValueError("kernels take C-contiguous arrays")
     return a.ctypes.data
 
 
@@ -124,6 +141,25 @@ class Lateness:
 
 # ------------------------------------------------------------------- the job
 
+# Collective ops per compiled pass: about 190 bytes of memory each (rwa_prepare's
+# rows and rwa_group's arrays); a pass costs a scan of the kept columns besides.
+ROWS_PER_PASS = 500_000
+
+
+def passes(rows: int) -> int:
+    return max(1, -(-rows // ROWS_PER_PASS))
+
+
+def usable_kept(run: Any, release: bool = False) -> CollectiveColumns | None:
+    """The collective columns the native reader kept, when they are exactly the ops
+    table's collective rows (every op came through it) and the kernels exist;
+    release=True drops them from the run (the last use)."""
+    kept = run.meta.pop("collectives_kept", None) if release else run.meta.get("collectives_kept")
+    if kept is None or library() is None:
+        return None
+    rows = int(run.con.execute("SELECT count(*) FROM ops WHERE kind = 'coll'").fetchall()[0][0])
+    return kept if rows == kept.rows else None
+
 
 class Declined(Exception):
     """The kept columns cannot give the SQL form's tables: align with SQL."""
@@ -159,17 +195,20 @@ def _unique_rows(con: Any, sql: str, width: int) -> dict[tuple, tuple]:
     return out
 
 
-def job_tables(con: Any, kept: CollectiveColumns) -> JobTables:
+def job_tables(con: Any, kept: CollectiveColumns, clocks: bool = True) -> JobTables:
     """The kept columns' dictionaries and members resolved against host_clock and
-    rank_map, as OPS_ALIGNED_SQL joins them."""
+    rank_map, as OPS_ALIGNED_SQL joins them; with clocks=False every host's clock
+    is the identity (rwa_prepare then gives raw host times, as clock.py reads them)."""
     strings = kept.strings
     by_text = sorted(range(len(strings)), key=strings.__getitem__)
     rank = np.empty(len(strings), dtype=np.int64)
     rank[by_text] = np.arange(len(strings))
     hosts = sorted({strings[m[4]] for m in kept.members})
     host_code = {h: i for i, h in enumerate(hosts)}
-    clocks = _unique_rows(
-        con, "SELECT host, offset_ns, drift_ppm, t0_ns, bound_ns FROM host_clock", 1
+    by_host = (
+        _unique_rows(con, "SELECT host, offset_ns, drift_ppm, t0_ns, bound_ns FROM host_clock", 1)
+        if clocks
+        else {(h,): (0.0, 0.0, 0, None) for h in hosts}
     )
     mapped = _unique_rows(con, "SELECT comm_key, rank, host, pid, world_rank FROM rank_map", 4)
     worlds = sorted({w for (w,) in mapped.values() if w is not None})
@@ -197,7 +236,7 @@ def job_tables(con: Any, kept: CollectiveColumns) -> JobTables:
         np.zeros(shape), np.zeros(shape, np.uint8), worlds,
     )  # fmt: skip
     for i, host in enumerate(hosts):
-        offset, drift, t0, bound = clocks.get((host,), (None, None, None, None))
+        offset, drift, t0, bound = by_host.get((host,), (None, None, None, None))
         if offset is None or drift is None or t0 is None:
             continue  # no clock: corrected times NULL, as the LEFT JOIN gives
         tables.clock_ok[i] = 1
@@ -246,7 +285,8 @@ def _prepare(lib: ctypes.CDLL, kept: CollectiveColumns, job: JobTables, passes: 
     v = kept.values
     got = lib.rwa_prepare(
         kept.rows, _p(kept.member), _p(kept.func), _p(kept.seq), _p(v["msg_bytes"]),
-        _p(v["arrival_ns"]), _p(v["gpu_start_ns"]), _p(v["gpu_end_ns"]), _p(kept.valid),
+        _p(v["arrival_ns"]), _p(v["gpu_start_ns"]), _p(v["gpu_end_ns"]),
+        _p(v["clock_error_ns"]), _p(kept.valid),
         len(job.members), _p(job.members), len(job.func_rank), _p(job.func_rank),
         len(job.hosts), _p(job.clock_ok), _p(job.offset_ns), _p(job.drift_ppm), _p(job.t0_ns),
         _p(job.bound_ns), _p(job.bound_ok), passes, i, rows, _p(out.comm), _p(out.func),
@@ -342,3 +382,167 @@ def _joined(first: np.ndarray, rows: PassRows, out_i: np.ndarray, out_f: np.ndar
     for k, name in enumerate(OUT_F64):
         cols[name] = pa.array(out_f[k], mask=~valid[len(OUT_I64) + k])
     return pa.table(cols)
+
+
+# ---------------------------------------------------------------- host clocks
+
+OBS_FIELDS = ("id", "host", "min_end", "max_start", "max_start_ok", "mean_end", "err")
+MAX_CELLS = 1 << 24  # (host pair, time bucket) cells beyond this: the SQL form instead
+PAIRS_RANGE, PAIRS_COUNT, PAIRS_FILL, PAIRS_DETREND = range(4)  # rwalign.h: RWA_PAIRS_*
+
+
+@dataclass
+class ClockObservations:
+    """OBS_SQL's rows: per (collective, host) of a communicator spanning several
+    hosts; `host` codes index `hosts` (sorted)."""
+
+    hosts: list[str]
+    arrays: dict[str, np.ndarray]
+
+    @property
+    def rows(self) -> int:
+        return len(self.arrays["id"])
+
+
+def _multi(job: JobTables) -> np.ndarray:
+    """Per string code: whether it is a communicator key whose ops span several hosts."""
+    hosts: dict[int, set[int]] = {}
+    key, host = MEMBER_COLUMNS.index("comm_key"), MEMBER_COLUMNS.index("host")
+    for row in job.members.tolist():
+        hosts.setdefault(row[key], set()).add(row[host])
+    multi = np.zeros(max(1, len(job.strings)), dtype=np.uint8)
+    for code, seen in hosts.items():
+        if code >= 0 and len(seen) > 1:
+            multi[code] = 1
+    return multi
+
+
+def clock_observations(kept: CollectiveColumns, job: JobTables, t0_ns: int,
+                       passes: int) -> ClockObservations:  # fmt: skip
+    """OBS_SQL from the kept columns (job made with clocks=False: raw host times);
+    Declined when the library is missing or a kernel declines."""
+    lib = library()
+    if lib is None:
+        raise Declined("rwalign is not available")
+    multi = _multi(job)
+    n_hosts = len(job.hosts)
+    parts: list[dict[str, np.ndarray]] = []
+    first_id = 0
+    for i, size in enumerate(pass_sizes(kept, passes).tolist()):
+        rows = _prepare(lib, kept, job, passes, i, int(size))
+        n_groups, _, order, starts = _group(lib, rows)
+        scratch = np.zeros(7 * n_hosts, dtype=np.int64)  # rwalign.h: RWA_OBS_SCRATCH
+        scratch[:n_hosts] = -1
+        sums = np.zeros(n_hosts)
+        out = {
+            "id": np.empty(size, np.int64), "host": np.empty(size, np.int64),
+            "min_end": np.empty(size), "max_start": np.empty(size),
+            "max_start_ok": np.empty(size, np.uint8), "mean_end": np.empty(size),
+            "err": np.empty(size),
+        }  # fmt: skip
+        got = lib.rwa_clock_obs(
+            n_groups, _p(starts), _p(order), len(rows.seq), _p(rows.data), _p(rows.ok),
+            _p(rows.comm), len(multi), _p(multi), n_hosts, _p(scratch), _p(sums), t0_ns,
+            first_id, size, *(_p(out[name]) for name in OBS_FIELDS),
+        )  # fmt: skip
+        if got < 0:
+            raise Declined(f"rwa_clock_obs returned {got}")
+        parts.append({name: a[:got].copy() for name, a in out.items()})
+        first_id += n_groups
+        del rows, order, out
+    arrays = {name: np.concatenate([p[name] for p in parts]) for name in OBS_FIELDS}
+    return ClockObservations(job.hosts, arrays)
+
+
+def medians(offsets: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """PERCENTILE_CONT(0.5) of each segment values[offsets[s]:offsets[s + 1]] as
+    DuckDB computes it (NaN for an empty one); reorders `values` in place."""
+    lib = library()
+    if lib is None:
+        raise Declined("rwalign is not available")
+    out = np.empty(len(offsets) - 1)
+    got = lib.rwa_medians(len(out), _p(offsets), _p(values), _p(out))
+    if got < 0:
+        raise Declined(f"rwa_medians returned {got}")
+    return out
+
+
+class ClockPairs:
+    """PAIRS_SQL's rows, never materialized: each (pair, time bucket) cell's
+    differences `d` in one array, cell after cell, for BUCKET_SQL's medians, then
+    the detrended differences in the same places for DETRENDED_SQL's."""
+
+    def __init__(self, obs: ClockObservations, pairs: list[tuple[str, str]], width: float):
+        lib = library()
+        if lib is None:
+            raise Declined("rwalign is not available")
+        self._lib, self._obs, self._width = lib, obs, width
+        code = {h: i for i, h in enumerate(obs.hosts)}
+        self.pairs = [p for p in pairs if p[0] in code and p[1] in code]
+        n = len(obs.hosts)
+        self._pair_of = np.full(n * n, -1, dtype=np.int64)
+        for k, (a, b) in enumerate(self.pairs):
+            self._pair_of[code[a] * n + code[b]] = k
+        span = np.zeros(3, dtype=np.int64)
+        self._call(PAIRS_RANGE, 0, 0, range_=span)
+        self._lo, self._buckets = int(span[0]), int(span[1] - span[0] + 1) if span[2] else 0
+        cells = len(self.pairs) * self._buckets
+        if cells > MAX_CELLS:
+            raise Declined(f"{cells} clock cells")
+        counts = np.zeros(cells, dtype=np.int64)
+        self._call(PAIRS_COUNT, self._lo, self._buckets, cell_next=counts)
+        self.counts = counts
+        self.offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        self.values = np.empty(int(self.offsets[-1]))
+        self.t_sum = np.zeros(cells)
+        self._call(PAIRS_FILL, self._lo, self._buckets, cell_next=self.offsets[:-1].copy(),
+                   values=self.values, t_sum=self.t_sum)  # fmt: skip
+
+    def _call(self, mode: int, lo: int, buckets: int, **arrays: np.ndarray) -> None:
+        o = self._obs.arrays
+        none = np.zeros(1)
+        a = {k: arrays.get(k, none) for k in ("cell_next", "values", "t_sum", "slope",
+             "slope_err", "upper", "upper_ok", "lower", "lower_ok", "range_")}  # fmt: skip
+        got = self._lib.rwa_clock_pairs(
+            mode, self._obs.rows, *(_p(o[name]) for name in OBS_FIELDS[:7]),
+            len(self._obs.hosts), _p(self._pair_of), len(self.pairs), self._width, lo, buckets,
+            *(_p(a[k]) for k in a),
+        )  # fmt: skip
+        if got < 0:
+            raise Declined(f"rwa_clock_pairs({mode}) returned {got}")
+
+    def _medians(self, offsets: np.ndarray) -> np.ndarray:
+        return medians(offsets, self.values)
+
+    def bucket_rows(self) -> list[tuple]:
+        """BUCKET_SQL's rows: (ha, hb, bucket, mean t, median d, count)."""
+        medians = self._medians(self.offsets)
+        rows = []
+        for cell in np.flatnonzero(self.counts).tolist():
+            pair, bucket = divmod(cell, self._buckets)
+            n = int(self.counts[cell])
+            rows.append((*self.pairs[pair], float(self._lo + bucket), self.t_sum[cell] / n,
+                         float(medians[cell]), n))  # fmt: skip
+        return rows
+
+    def detrended_rows(self, slope: dict[str, float], slope_err: dict[tuple[str, str], float]
+                       ) -> list[tuple]:  # fmt: skip
+        """DETRENDED_SQL's rows: (ha, hb, count, upper bound, lower bound, point)."""
+        n_pairs = len(self.pairs)
+        slopes = np.array([slope.get(h, 0.0) for h in self._obs.hosts])
+        errs = np.array([slope_err.get(p, 0.0) for p in self.pairs])
+        upper, lower = np.zeros(n_pairs), np.zeros(n_pairs)
+        upper_ok, lower_ok = np.zeros(n_pairs, np.uint8), np.zeros(n_pairs, np.uint8)
+        self._call(PAIRS_DETREND, self._lo, self._buckets, cell_next=self.offsets[:-1].copy(),
+                   values=self.values, slope=slopes, slope_err=errs, upper=upper,
+                   upper_ok=upper_ok, lower=lower, lower_ok=lower_ok)  # fmt: skip
+        bounds = np.ascontiguousarray(self.offsets[:: max(1, self._buckets)])  # pair by pair
+        points = self._medians(bounds) if self._buckets else np.empty(0)
+        rows = []
+        for k, pair in enumerate(self.pairs):
+            n = int(bounds[k + 1] - bounds[k]) if self._buckets else 0
+            if n == 0 or pair not in slope_err:
+                continue
+            rows.append((*pair, n, float(upper[k]) if upper_ok[k] else None,
+                         float(lower[k]) if lower_ok[k] else None, float(points[k])))  # fmt: skip
+        return rows

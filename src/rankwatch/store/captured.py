@@ -10,7 +10,8 @@ of DuckDB, which costs about what the kernel saves.
 What a row keeps: its member (one rank of one communicator in one process: the
 header's id, name, rank and size, the host and the pid, interned job-wide, a
 few hundred per job), its function (a string code), seq, message size, the
-three times and a byte of validity bits: 49 bytes per collective op. Strings
+three times, its clock error and a byte of validity bits: 57 bytes per
+collective op. Strings
 (hosts, communicator ids and keys, names, functions) share one job-wide
 dictionary.
 
@@ -32,11 +33,15 @@ import numpy as np
 # The ops columns a captured row (or its member) holds, each read from one field
 # of the record (rankwatch.store.native.column_for: the lean projection's field).
 MEMBER_COLUMNS = ("comm_id", "comm_name", "rank", "n_ranks", "host", "pid")
-ROW_COLUMNS = ("func", "seq", "msg_bytes", "arrival_ns", "gpu_start_ns", "gpu_end_ns")
+ROW_COLUMNS = ("func", "seq", "msg_bytes", "arrival_ns", "gpu_start_ns", "gpu_end_ns",
+               "clock_error_ns", "complete")  # fmt: skip
 KIND_COLUMN = "kind"
-# validity bits of a row's nullable columns (native/rwalign.h: RWA_V_*)
-VALID_BITS = {"msg_bytes": 1, "arrival_ns": 2, "gpu_start_ns": 4, "gpu_end_ns": 8}
-TIMES = ("msg_bytes", "arrival_ns", "gpu_start_ns", "gpu_end_ns")
+# validity bits of a row's nullable columns, and one for `complete` being false
+# (native/rwalign.h: RWA_V_*)
+VALID_BITS = {"msg_bytes": 1, "arrival_ns": 2, "gpu_start_ns": 4, "gpu_end_ns": 8,
+              "clock_error_ns": 16}  # fmt: skip
+INCOMPLETE_BIT = 32
+TIMES = ("msg_bytes", "arrival_ns", "gpu_start_ns", "gpu_end_ns", "clock_error_ns")
 
 # A member as interned: (comm_id, comm_name or -1, rank, n_ranks or None, host,
 # pid, comm_key or -1), strings as job-wide codes.
@@ -152,6 +157,9 @@ class CollectiveCapture:
             ok = present(name)
             flags |= ok * np.uint8(VALID_BITS[name])
             times[name] = np.where(ok.astype(bool), take(name), 0)
+        done = np.unpackbits(values[self._slots["complete"]], count=rows, bitorder="little")
+        incomplete = present("complete") & ~done[picked] & np.uint8(1)  # false, not NULL
+        flags |= incomplete * np.uint8(INCOMPLETE_BIT)
         member = self._members_of(state, take, present)
         part = _Part(member, state.remap[take("func")], take("seq"), times, flags)
         state.parts.append(part)
