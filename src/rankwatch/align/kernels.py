@@ -18,7 +18,10 @@ The column orders below mirror the enums of native/rwalign.h (a test checks).
 from __future__ import annotations
 
 import ctypes
-from collections.abc import Iterator
+import os
+from collections import deque
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -109,6 +112,24 @@ class Lateness:
         self.i64[LATE_I64.index("host")] = -1
         self.f64 = np.zeros((len(LATE_F64), n), dtype=np.float64)
 
+    def add(self, other: Lateness) -> None:
+        """Add another pass's sums (counts and sums add; the host is the smallest
+        seen, the bound the largest)."""
+        host, top, top_n = (
+            LATE_I64.index("host"),
+            LATE_F64.index("max_bound"),
+            LATE_I64.index("bound_n"),
+        )
+        hosts = np.where(self.i64[host] < 0, other.i64[host],
+                         np.where(other.i64[host] < 0, self.i64[host],
+                                  np.minimum(self.i64[host], other.i64[host])))  # fmt: skip
+        bound = np.where(self.i64[top_n] == 0, other.f64[top],
+                         np.where(other.i64[top_n] == 0, self.f64[top],
+                                  np.maximum(self.f64[top], other.f64[top])))  # fmt: skip
+        self.i64 += other.i64
+        self.f64 += other.f64
+        self.i64[host], self.f64[top] = hosts, bound
+
     def rows(self) -> dict[str, list[Any]]:
         """RANK_LATENESS_SQL's columns (before its casts), one entry per world rank seen."""
         li = dict(zip(LATE_I64, self.i64, strict=True))
@@ -146,8 +167,28 @@ class Lateness:
 ROWS_PER_PASS = 500_000
 
 
+PASS_ID_BITS = 40  # clock observations of pass i are numbered from i << PASS_ID_BITS
+MAX_WORKERS = 4  # passes in flight at once, each holding its rows (about 95 MB)
+
+
 def passes(rows: int) -> int:
     return max(1, -(-rows // ROWS_PER_PASS))
+
+
+def _in_parallel(work: Callable[[int], Any], passes: int) -> Iterator[Any]:
+    """work(0), ..., work(passes - 1), in order, computed on up to MAX_WORKERS
+    threads (the kernels release the GIL: ctypes calls); the first error raised."""
+    workers = max(1, min(passes, os.cpu_count() or 1, MAX_WORKERS))
+    if workers == 1:
+        yield from (work(i) for i in range(passes))
+        return
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        pending = deque(pool.submit(work, i) for i in range(workers))
+        for i in range(workers, passes + workers):
+            result = pending.popleft().result()
+            if i < passes:
+                pending.append(pool.submit(work, i))
+            yield result
 
 
 def usable_kept(run: Any, release: bool = False) -> CollectiveColumns | None:
@@ -343,10 +384,14 @@ def collectives_from_kept(
     if lib is None:
         raise Declined("rwalign is not available")
     sizes = pass_sizes(kept, passes)
-    for i in range(passes):
+
+    def one_pass(i: int) -> tuple[Any, Lateness]:
         rows = _prepare(lib, kept, job, passes, i, int(sizes[i]))
-        joined = _one_pass(lib, rows, job, late)
-        del rows
+        own = Lateness(job.hosts, job.worlds)
+        return _one_pass(lib, rows, job, own), own
+
+    for joined, own in _in_parallel(one_pass, passes):
+        late.add(own)
         yield joined
 
 
@@ -426,10 +471,11 @@ def clock_observations(kept: CollectiveColumns, job: JobTables, t0_ns: int,
         raise Declined("rwalign is not available")
     multi = _multi(job)
     n_hosts = len(job.hosts)
-    parts: list[dict[str, np.ndarray]] = []
-    first_id = 0
-    for i, size in enumerate(pass_sizes(kept, passes).tolist()):
-        rows = _prepare(lib, kept, job, passes, i, int(size))
+    sizes = pass_sizes(kept, passes).tolist()
+
+    def one_pass(i: int) -> dict[str, np.ndarray]:
+        size = int(sizes[i])
+        rows = _prepare(lib, kept, job, passes, i, size)
         n_groups, _, order, starts = _group(lib, rows)
         scratch = np.zeros(7 * n_hosts, dtype=np.int64)  # rwalign.h: RWA_OBS_SCRATCH
         scratch[:n_hosts] = -1
@@ -443,13 +489,13 @@ def clock_observations(kept: CollectiveColumns, job: JobTables, t0_ns: int,
         got = lib.rwa_clock_obs(
             n_groups, _p(starts), _p(order), len(rows.seq), _p(rows.data), _p(rows.ok),
             _p(rows.comm), len(multi), _p(multi), n_hosts, _p(scratch), _p(sums), t0_ns,
-            first_id, size, *(_p(out[name]) for name in OBS_FIELDS),
+            i << PASS_ID_BITS, size, *(_p(out[name]) for name in OBS_FIELDS),
         )  # fmt: skip
         if got < 0:
             raise Declined(f"rwa_clock_obs returned {got}")
-        parts.append({name: a[:got].copy() for name, a in out.items()})
-        first_id += n_groups
-        del rows, order, out
+        return {name: a[:got].copy() for name, a in out.items()}
+
+    parts = list(_in_parallel(one_pass, passes))  # ids increase pass after pass
     arrays = {name: np.concatenate([p[name] for p in parts]) for name in OBS_FIELDS}
     return ClockObservations(job.hosts, arrays)
 
