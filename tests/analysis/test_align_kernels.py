@@ -69,10 +69,13 @@ def _assert_same(tables: dict[str, dict[str, list]]) -> None:
 
 def _ingested(path: Path) -> tuple[Run, captured.CollectiveColumns]:
     store = ingest([path], progress=False)
-    assert store.collectives_kept is not None
+    kept = store.collectives_kept
+    assert kept is not None
     run = store.run()
+    assert store.collectives_kept is None and run.meta["collectives_kept"] is kept  # handed over
     align(run)  # ranks, clocks (and a first alignment, which releases the kept columns)
-    return run, store.collectives_kept
+    assert "collectives_kept" not in run.meta
+    return run, kept
 
 
 # ---------------------------------------------------------------- random jobs

@@ -59,8 +59,8 @@ class Store:
             "careful_files": self.careful_files,
             "timings": dict(self.timings),
         }
-        if self.collectives_kept is not None:
-            meta["collectives_kept"] = self.collectives_kept  # align uses and drops it
+        if self.collectives_kept is not None:  # handed over: align uses, then drops them
+            meta["collectives_kept"], self.collectives_kept = self.collectives_kept, None
         return Run(self.con, {t: t for t in BASE_TABLES}, meta, list(self.problems), self.path)
 
 
