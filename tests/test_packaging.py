@@ -119,10 +119,13 @@ def test_wheel_is_tagged_for_any_python_version() -> None:
 
 
 def test_the_compiled_helpers_are_installed_and_load() -> None:
-    # The op-record reader and the detectors' kernels have pure-Python fallbacks,
-    # so a build that lost them would pass every other test, only slower.
+    # The op-record reader and the alignment's and detectors' kernels have
+    # pure-Python fallbacks, so a build that lost them would pass every other
+    # test, only slower.
+    from rankwatch.align import kernels as align_kernels
     from rankwatch.detect import kernels
     from rankwatch.store import native
 
     assert native.available(), "librankwatch-rwparse missing from the installation"
     assert kernels.library() is not None, "librankwatch-rwdetect missing from the installation"
+    assert align_kernels.library() is not None, "librankwatch-rwalign missing from the installation"

@@ -26,9 +26,17 @@ Settings, read once from the environment by `EngineSettings.from_env()`:
                           the native reader's parsing threads
   RANKWATCH_NATIVE        `0` turns the compiled helpers off where they are installed:
                           op records are read with DuckDB's JSON reader instead of the
-                          native reader (rankwatch.store.native), and the detectors run
-                          their NumPy forms instead of their kernels
-                          (rankwatch.detect.kernels); same results, only slower
+                          native reader (rankwatch.store.native), collectives and host
+                          clocks are aligned with SQL instead of the alignment's kernels
+                          (rankwatch.align.kernels), and the detectors run their NumPy
+                          forms instead of their kernels (rankwatch.detect.kernels); same
+                          results (clock estimates to the rounding of sums), only slower
+
+Besides DuckDB's memory, the native reader keeps the collective ops' alignment
+columns (rankwatch.store.captured: 57 bytes per collective op, about 0.57 GB at
+10 M records) until align has used them, and align's compiled passes hold about
+95 MB each (two at a time on two cores): at 10 M records peak RSS was 1.74 GB
+with the default 1 GB limit (bench/RESULTS.md section 4).
 """
 
 from __future__ import annotations
