@@ -52,13 +52,10 @@ _FAST_CODE_BITS, _FAST_INT_BITS = 12, 20  # member keys packed into 64 bits (see
 
 @dataclass
 class _Part:
-    """The collective rows of one chunk."""
+    """The collective rows of one chunk: `member` (int32), `func` (int32 string
+    code), `seq` (int64), TIMES (int64, 0 where NULL) and `valid` (uint8, VALID_BITS)."""
 
-    member: np.ndarray  # int32
-    func: np.ndarray  # int32 string code
-    seq: np.ndarray  # int64
-    values: dict[str, np.ndarray]  # TIMES: int64, 0 where NULL
-    valid: np.ndarray  # uint8, VALID_BITS
+    columns: dict[str, np.ndarray]
 
 
 @dataclass
@@ -161,8 +158,8 @@ class CollectiveCapture:
         incomplete = present("complete") & ~done[picked] & np.uint8(1)  # false, not NULL
         flags |= incomplete * np.uint8(INCOMPLETE_BIT)
         member = self._members_of(state, take, present)
-        part = _Part(member, state.remap[take("func")], take("seq"), times, flags)
-        state.parts.append(part)
+        columns = {"member": member, "func": state.remap[take("func")], "seq": take("seq")}
+        state.parts.append(_Part({**columns, **times, "valid": flags}))
 
     def _members_of(self, state: _FileState, take: Any, present: Any) -> np.ndarray:
         """Each row's member code, interning the chunk's distinct members."""
@@ -221,17 +218,13 @@ class CollectiveCapture:
         parts = [p for path in sorted(self._files) for p in self._files[path].parts]
         self._files = {}
 
-        def join(get: Any, dtype: Any) -> np.ndarray:
-            arrays = [get(p) for p in parts]
+        def join(name: str, dtype: Any) -> np.ndarray:
+            arrays = [p.columns.pop(name) for p in parts]  # the parts' copies go with these
             return np.concatenate(arrays) if arrays else np.empty(0, dtype=dtype)
 
-        member = join(lambda p: p.member, np.int32)
-        func = join(lambda p: p.func, np.int32)
-        seq = join(lambda p: p.seq, np.int64)
-        valid = join(lambda p: p.valid, np.uint8)
-        values = {}
-        for name in TIMES:
-            values[name] = join(lambda p, name=name: p.values.pop(name), np.int64)
+        member, func = join("member", np.int32), join("func", np.int32)
+        seq, valid = join("seq", np.int64), join("valid", np.uint8)
+        values = {name: join(name, np.int64) for name in TIMES}
         members = [m for m, _ in sorted(self._members.items(), key=lambda item: item[1])]
         return CollectiveColumns(list(self._strings), members, member, func, seq, values, valid)
 
