@@ -24,6 +24,7 @@
 #include <stdint.h>
 
 #include "rwalign.h"
+#include "rwsort.h"
 
 #define RWA_EXPORT __attribute__((visibility("default")))
 
@@ -109,48 +110,10 @@ RWA_EXPORT int64_t rwa_group(int64_t n, const int64_t *comm, const int64_t *func
 
 /* ------------------------------------------------------------------ medians */
 
-static void insertion_sort(int64_t *a, int64_t n) {
-  for (int64_t i = 1; i < n; i++) {
-    int64_t v = a[i], j = i;
-    while (j > 0 && a[j - 1] > v) {
-      a[j] = a[j - 1];
-      j--;
-    }
-    a[j] = v;
-  }
-}
-
-static void sift_down(int64_t *a, int64_t root, int64_t n) {
-  for (;;) {
-    int64_t child = 2 * root + 1;
-    if (child >= n) return;
-    if (child + 1 < n && a[child + 1] > a[child]) child++;
-    if (a[root] >= a[child]) return;
-    int64_t t = a[root];
-    a[root] = a[child];
-    a[child] = t;
-    root = child;
-  }
-}
-
-static void sort_values(int64_t *a, int64_t n) {
-  if (n <= 32) {
-    insertion_sort(a, n);
-    return;
-  }
-  for (int64_t i = n / 2 - 1; i >= 0; i--) sift_down(a, i, n);
-  for (int64_t end = n - 1; end > 0; end--) {
-    int64_t t = a[0];
-    a[0] = a[end];
-    a[end] = t;
-    sift_down(a, 0, end);
-  }
-}
-
 /* PERCENTILE_CONT(0.5) of m sorted values as DuckDB forms it: the middle value
  * as a double, or lo + (hi - lo) * 0.5 with both cast to double first. */
 static double median_of(int64_t *a, int64_t m) {
-  sort_values(a, m);
+  rw_sort_i64(a, m);
   if (m % 2) return (double)a[m / 2];
   double lo = (double)a[m / 2 - 1], hi = (double)a[m / 2];
   return lo + (hi - lo) * 0.5;
@@ -182,6 +145,13 @@ typedef struct {
  * lie all over the input (one rank's file after another's) */
 static int64_t val(const cols_t *c, int col, int64_t i) { return c->in[i * RWA_IN + col]; }
 static int has(const cols_t *c, int col, int64_t i) { return c->ok[i * RWA_IN + col]; }
+
+/* The smallest and largest of a nullable column so far. */
+static void take_range(opt_t *lo, opt_t *hi, const cols_t *c, int col, int64_t i) {
+  if (!has(c, col, i)) return;
+  take_min(lo, val(c, col, i));
+  take_max(hi, val(c, col, i));
+}
 
 /* The last arriver by one time column: among rows at the latest time (every row
  * when no time is known), the smallest rank, and the world rank and host of the
@@ -311,22 +281,10 @@ static int one_group(const ctx_t *x, const cols_t *c, out_t *o, int64_t g,
   for (int64_t j = 0; j < m; j++) {
     int64_t i = rows[j];
     if (has(c, RWA_IN_N_RANKS, i)) take_max(&n_ranks, val(c, RWA_IN_N_RANKS, i));
-    if (has(c, RWA_IN_MSG_BYTES, i)) {
-      take_min(&msg_min, val(c, RWA_IN_MSG_BYTES, i));
-      take_max(&msg_max, val(c, RWA_IN_MSG_BYTES, i));
-    }
-    if (has(c, RWA_IN_ARRIVAL, i)) {
-      take_min(&arr_min, val(c, RWA_IN_ARRIVAL, i));
-      take_max(&arr_max, val(c, RWA_IN_ARRIVAL, i));
-    }
-    if (has(c, RWA_IN_GPU_START, i)) {
-      take_min(&gs_min, val(c, RWA_IN_GPU_START, i));
-      take_max(&gs_max, val(c, RWA_IN_GPU_START, i));
-    }
-    if (has(c, RWA_IN_GPU_END, i)) {
-      take_min(&ge_min, val(c, RWA_IN_GPU_END, i));
-      take_max(&ge_max, val(c, RWA_IN_GPU_END, i));
-    }
+    take_range(&msg_min, &msg_max, c, RWA_IN_MSG_BYTES, i);
+    take_range(&arr_min, &arr_max, c, RWA_IN_ARRIVAL, i);
+    take_range(&gs_min, &gs_max, c, RWA_IN_GPU_START, i);
+    take_range(&ge_min, &ge_max, c, RWA_IN_GPU_END, i);
     if (has(c, RWA_IN_DURATION, i)) take_min(&dur_min, val(c, RWA_IN_DURATION, i));
     if (val(c, RWA_IN_COMM_ID, i) >= 0) take_max(&comm_id, val(c, RWA_IN_COMM_ID, i));
     if (val(c, RWA_IN_COMM_NAME, i) >= 0) take_max(&comm_name, val(c, RWA_IN_COMM_NAME, i));

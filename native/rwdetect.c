@@ -21,6 +21,7 @@
 #include <stdint.h>
 
 #include "rwdetect.h"
+#include "rwsort.h"
 
 #define RWD_EXPORT __attribute__((visibility("default")))
 
@@ -375,30 +376,6 @@ RWD_EXPORT int64_t rwd_instances(int64_t n, const int64_t *uid, const int64_t *s
 
 /* ---------------------------------------------------------------- straggler */
 
-/* Heap sort of a[0..n) ascending: in place, no allocation, n log n at worst. */
-static void sift_down(int64_t *a, int64_t root, int64_t n) {
-  for (;;) {
-    int64_t child = 2 * root + 1;
-    if (child >= n) return;
-    if (child + 1 < n && a[child + 1] > a[child]) child++;
-    if (a[root] >= a[child]) return;
-    int64_t t = a[root];
-    a[root] = a[child];
-    a[child] = t;
-    root = child;
-  }
-}
-
-static void heap_sort(int64_t *a, int64_t n) {
-  for (int64_t i = n / 2 - 1; i >= 0; i--) sift_down(a, i, n);
-  for (int64_t end = n - 1; end > 0; end--) {
-    int64_t t = a[0];
-    a[0] = a[end];
-    a[end] = t;
-    sift_down(a, 0, end);
-  }
-}
-
 #define POS_BITS 27 /* straggler._time_order's (time << 27) | position */
 
 /* An op's place in straggler._time_order within its process: its GPU start to
@@ -451,7 +428,7 @@ RWD_EXPORT int64_t rwd_rank_runs(int64_t m, const int64_t *idx, int64_t n, const
   for (int64_t p = 0, begin = 0; p < n_procs; begin = count[p], p++) {
     int sorted = 1;
     for (int64_t q = begin + 1; q < count[p] && sorted; q++) sorted = key[q] > key[q - 1];
-    if (!sorted) heap_sort(key + begin, count[p] - begin);
+    if (!sorted) rw_sort_i64(key + begin, count[p] - begin);
   }
   /* gap[h]: an op not late just before late op h (h = a process's end: after
    * its last); tail_start doubles as each process's op count meanwhile */

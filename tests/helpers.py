@@ -23,6 +23,36 @@ def c_compiler() -> str | None:
     return None
 
 
+def build_sanitized(binary: Path, sources: list[str], *flags: str) -> None:
+    """Build a fuzz driver from native/ sources under ASan and UBSan (pytest.skip
+    where the sanitizer runtime is missing; the build's errors otherwise)."""
+    import pytest
+
+    cc = c_compiler()
+    assert cc is not None
+    build = subprocess.run(
+        [cc, "-std=c11", "-Wall", "-Wextra", "-Werror", "-O1", "-g", *flags,
+         "-fsanitize=address,undefined", "-fno-sanitize-recover=all",
+         "-fno-omit-frame-pointer", f"-I{NATIVE_DIR}", "-o", str(binary),
+         *(str(NATIVE_DIR / src) for src in sources), "-lm"],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    if build.returncode != 0 and "sanitize" in build.stderr:
+        pytest.skip(f"sanitizer runtime not available: {build.stderr[-300:]}")
+    assert build.returncode == 0, build.stderr
+
+
+def run_sanitized(binary: Path, *args: str) -> str:
+    """Run a sanitized fuzz driver (leak checks on); asserts it printed "ok:"."""
+    env = dict(os.environ, ASAN_OPTIONS="detect_leaks=1:abort_on_error=0")
+    done = subprocess.run(
+        [str(binary), *args], capture_output=True, text=True, timeout=120, check=False, env=env
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.startswith("ok:"), done.stdout
+    return done.stdout
+
+
 def load_jsonl(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     """Every line of a JSON-lines file as a dict; fails naming file:line on a bad line."""
     records = []

@@ -16,6 +16,7 @@ import pathlib
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from importlib import resources
+from typing import Any
 
 _lock = threading.Lock()
 _loaded: dict[str, ctypes.CDLL | None] = {}
@@ -59,3 +60,20 @@ def load(filename: str, bind: Callable[[ctypes.CDLL], ctypes.CDLL]) -> ctypes.CD
                     except (OSError, AttributeError):
                         continue
         return _loaded[filename]
+
+
+def bind_int64(lib: ctypes.CDLL, signatures: dict[str, list[Any]]) -> ctypes.CDLL:
+    """Give each function of `signatures` its argument types and an int64 result
+    (the kernels' convention: a count, or a negative refusal)."""
+    for name, argtypes in signatures.items():
+        fn = getattr(lib, name)
+        fn.restype = ctypes.c_int64
+        fn.argtypes = argtypes
+    return lib
+
+
+def kernels(filename: str, bind: Callable[[ctypes.CDLL], ctypes.CDLL]) -> ctypes.CDLL | None:
+    """A kernels library, or None where it is not built or RANKWATCH_NATIVE=0."""
+    if disabled():
+        return None
+    return load(filename, bind)

@@ -11,17 +11,15 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import random
 import re
-import subprocess
 from pathlib import Path
 
 import duckdb
 import numpy as np
 import pytest
 
-from helpers import NATIVE_DIR, c_compiler
+from helpers import NATIVE_DIR, build_sanitized, c_compiler, run_sanitized
 from rankwatch.align import align, collectives, kernels
 from rankwatch.align.clock import HOST_CLOCK_COLUMNS, HostClock, estimate_clocks
 from rankwatch.model import Run
@@ -308,24 +306,8 @@ def test_column_orders_match_the_header() -> None:
 
 @pytest.mark.skipif(c_compiler() is None, reason="no C compiler")
 def test_kernels_survive_random_and_extreme_inputs_under_sanitizers(tmp_path: Path) -> None:
-    cc = c_compiler()
-    assert cc is not None
     binary = tmp_path / "fuzz_rwalign"
-    build = subprocess.run(
-        [cc, "-std=c11", "-Wall", "-Wextra", "-Werror", "-O1", "-g", "-ffp-contract=off",
-         "-fsanitize=address,undefined", "-fno-sanitize-recover=all",
-         "-fno-omit-frame-pointer", f"-I{NATIVE_DIR}", "-o", str(binary),
-         str(NATIVE_DIR / "tests" / "fuzz_rwalign.c"), str(NATIVE_DIR / "rwalign.c"), "-lm"],
-        capture_output=True, text=True, check=False,
-    )  # fmt: skip
-    if build.returncode != 0 and "sanitize" in build.stderr:
-        pytest.skip(f"sanitizer runtime not available: {build.stderr[-300:]}")
-    assert build.returncode == 0, build.stderr
-    env = dict(os.environ, ASAN_OPTIONS="detect_leaks=1:abort_on_error=0")
+    build_sanitized(binary, ["tests/fuzz_rwalign.c", "rwalign.c"], "-ffp-contract=off")
     for seed in (1, 2, 3):
-        done = subprocess.run(
-            [str(binary), "3000", str(seed)],
-            capture_output=True, text=True, timeout=120, check=False, env=env,
-        )  # fmt: skip
-        assert done.returncode == 0, done.stdout + done.stderr
-        assert done.stdout.startswith("ok:"), done.stdout
+        out = run_sanitized(binary, "3000", str(seed))
+        assert int(re.search(r"(\d+) reached the clock pairs", out).group(1)) > 50, out

@@ -7,9 +7,7 @@ from __future__ import annotations
 
 import gzip
 import json
-import os
 import random
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +15,7 @@ import numpy as np
 import pytest
 from analysis_support import first_op_lines, inspector_coll, write_lines
 
-from helpers import NATIVE_DIR, c_compiler
+from helpers import build_sanitized, c_compiler, run_sanitized
 from rankwatch import nativelib, schema
 from rankwatch.store import EngineSettings, ingest, native
 from rankwatch.store.engine import DEFAULT_MEMORY_LIMIT
@@ -369,30 +367,13 @@ def test_keys_in_any_order_and_unknown_keys_are_read(sim) -> None:
 
 @pytest.mark.skipif(c_compiler() is None, reason="no C compiler")
 def test_mangled_lines_never_crash_the_parser_under_sanitizers(sim, tmp_path: Path) -> None:
-    cc = c_compiler()
-    assert cc is not None
     binary = tmp_path / "fuzz_rwparse"
-    build = subprocess.run(
-        [cc, "-std=c11", "-Wall", "-Wextra", "-Werror", "-D_GNU_SOURCE", "-O1", "-g",
-         "-fsanitize=address,undefined", "-fno-sanitize-recover=all",
-         "-fno-omit-frame-pointer", f"-I{NATIVE_DIR}", "-o", str(binary),
-         str(NATIVE_DIR / "tests" / "fuzz_rwparse.c"), str(NATIVE_DIR / "rwparse.c")],
-        capture_output=True, text=True, check=False,
-    )  # fmt: skip
-    if build.returncode != 0 and "sanitize" in build.stderr:
-        pytest.skip(f"sanitizer runtime not available: {build.stderr[-300:]}")
-    assert build.returncode == 0, build.stderr
+    build_sanitized(binary, ["tests/fuzz_rwparse.c", "rwparse.c"], "-D_GNU_SOURCE")
     spec = tmp_path / "spec.txt"
     spec.write_bytes(native.build_layout().spec)
     seeds = tmp_path / "seeds.txt"
     p2p = [x for x in first_op_lines(sim("plain"), 400) if "p2p_perf" in x][:10]
     unusual = [_reordered(x) for x in first_op_lines(sim("plain"), 5)]
     seeds.write_text("\n".join(first_op_lines(sim("plain"), 40) + p2p + unusual) + "\n")
-    env = dict(os.environ, ASAN_OPTIONS="detect_leaks=1:abort_on_error=0")
     for seed in (1, 2):
-        done = subprocess.run(
-            [str(binary), str(spec), str(seeds), "15000", str(seed)],
-            capture_output=True, text=True, timeout=120, check=False, env=env,
-        )  # fmt: skip
-        assert done.returncode == 0, done.stdout + done.stderr
-        assert done.stdout.startswith("ok:"), done.stdout
+        run_sanitized(binary, str(spec), str(seeds), "15000", str(seed))

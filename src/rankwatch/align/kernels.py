@@ -74,18 +74,12 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
         ],
         "rwa_medians": [i64, p, p, p],
     }
-    for name, argtypes in sigs.items():
-        fn = getattr(lib, name)
-        fn.restype = i64
-        fn.argtypes = argtypes
-    return lib
+    return nativelib.bind_int64(lib, sigs)
 
 
 def library() -> ctypes.CDLL | None:
     """The kernels, or None (not built, or RANKWATCH_NATIVE=0)."""
-    if nativelib.disabled():
-        return None
-    return nativelib.load(LIB_FILENAME, _bind)
+    return nativelib.kernels(LIB_FILENAME, _bind)
 
 
 def _p(a: np.ndarray) -> int:

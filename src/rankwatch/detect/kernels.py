@@ -43,18 +43,12 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
         "rwd_top_two": [i64, p, i64, p, p, p],
         "rwd_slot_state": [i64, p, i64, p, p, p, p, p, i64, f64, f64, i64, f64, *[p] * 25],
     }
-    for name, argtypes in sigs.items():
-        fn = getattr(lib, name)
-        fn.restype = i64
-        fn.argtypes = argtypes
-    return lib
+    return nativelib.bind_int64(lib, sigs)
 
 
 def library() -> ctypes.CDLL | None:
     """The kernels, or None (not built, or RANKWATCH_NATIVE=0)."""
-    if nativelib.disabled():
-        return None
-    return nativelib.load(LIB_FILENAME, _bind)
+    return nativelib.kernels(LIB_FILENAME, _bind)
 
 
 def _ptr(a: np.ndarray | None) -> int | None:
