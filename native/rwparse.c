@@ -1015,25 +1015,27 @@ static void flag(rwp_parser *p, int code) {
   p->flagged++;
 }
 
-/* Parse [s, end) by template t; 0 when the line does not follow it (nothing is
- * committed then, and the line goes through parse_line). */
-static int parse_by_template(rwp_parser *p, const template_t *t, const uint8_t *s,
-                             const uint8_t *end) {
+/* Parse a record starting at s by template t, reading no further than end; where
+ * the record ends, or NULL when it does not follow the template (nothing is
+ * committed then, and the line goes through parse_line). No part of a template
+ * (its constant text, a number, a literal, a string, which may not hold a raw
+ * control character) matches a newline, so a match never runs past its line. */
+static const uint8_t *parse_by_template(rwp_parser *p, const template_t *t, const uint8_t *s,
+                                        const uint8_t *end) {
   memset(p->given, 0, sizeof(uint64_t) * (size_t)p->ngroups);
   for (int i = 0; i < t->nseg; i++) {
     const segment_t *seg = &t->seg[i];
     if ((size_t)(end - s) < seg->len ||
         !bytes_equal(s, end, (const char *)t->text + seg->off, seg->len))
-      return 0;
+      return NULL;
     s += seg->len;
     if (seg->group < 0) break;
     int given;
-    if (field_value(p, seg->type, seg->slot, &s, end, &given)) return 0;
+    if (field_value(p, seg->type, seg->slot, &s, end, &given)) return NULL;
     if (given) p->given[seg->group] |= 1ull << seg->field;
   }
-  if (skip_ws(s, end) != end) return 0;
   p->groups_present = t->groups_present;
-  return 1;
+  return s;
 }
 
 /* Make a template of the line [s, end) just parsed (its spans are recorded). */
@@ -1075,21 +1077,44 @@ static void remember_layout(rwp_parser *p, const uint8_t *s, const uint8_t *end)
   if (p->ntemplates < MAX_TEMPLATES) p->ntemplates++;
 }
 
-static int parse_known_layout(rwp_parser *p, const uint8_t *s, const uint8_t *end) {
+/* Where a record at s that follows a known template ends, or NULL. */
+static const uint8_t *parse_known_layout(rwp_parser *p, const uint8_t *s, const uint8_t *end) {
   for (int k = 0; k < p->ntemplates; k++) {
     int i = (p->last_template + k) % p->ntemplates;
-    if (parse_by_template(p, &p->templates[i], s, end)) {
+    const uint8_t *after = parse_by_template(p, &p->templates[i], s, end);
+    if (after) {
       p->last_template = i;
-      return 1;
+      return after;
     }
   }
-  return 0;
+  return NULL;
+}
+
+static inline int is_blank(uint8_t c) { return c == ' ' || c == '\t' || c == '\r'; }
+
+/* The usual line: a record of a known layout, then a newline. Parsed without
+ * finding the newline first (a scan of every byte); returns where the next line
+ * starts, or NULL for any other line, which the caller reads the careful way. */
+static const uint8_t *known_line(rwp_parser *p, const uint8_t *s, const uint8_t *end) {
+  while (s < end && is_blank(*s)) s++;
+  if (s >= end || *s == '\n' || !p->ntemplates) return NULL;
+  const uint8_t *after = parse_known_layout(p, s, end);
+  if (!after) return NULL;
+  while (after < end && is_blank(*after)) after++;
+  return after < end && *after == '\n' ? after + 1 : NULL;
 }
 
 int64_t rwp_parse(rwp_parser *p, const char *buf, int64_t len, int final) {
   const uint8_t *s = (const uint8_t *)buf, *end = s + (len > 0 ? len : 0);
   if (!p->cap) return 0;
   while (s < end && p->rows < p->cap) {
+    const uint8_t *next = known_line(p, s, end);
+    if (next) {
+      p->lines++;
+      commit_row(p);
+      s = next;
+      continue;
+    }
     const uint8_t *nl = memchr(s, '\n', (size_t)(end - s));
     const uint8_t *line_end = nl ? nl : end;
     if (!nl && !final) break;
@@ -1097,7 +1122,8 @@ int64_t rwp_parse(rwp_parser *p, const char *buf, int64_t len, int final) {
     if (!nl) p->unterminated = p->lines;
     const uint8_t *first = skip_ws(s, line_end);
     if (first < line_end) {
-      if (parse_known_layout(p, first, line_end)) {
+      const uint8_t *after = parse_known_layout(p, first, line_end);
+      if (after && skip_ws(after, line_end) == line_end) {
         commit_row(p);
       } else {
         int rc = parse_line(p, first, line_end);
