@@ -446,7 +446,7 @@ static int64_t member_col(const int64_t *members, int64_t m, int col) {
  * (rankwatch.store.captured): per row its member (which gives communicator,
  * rank, host and world rank), function code (mapped through func_rank into the
  * order of the function names), seq, message size, times and clock error (NULL
- * where the bit of RWA_V_* in `valid` is clear) and whether it completed; per host its clock (clock_ok 0: no clock row,
+ * where the bit of RW_V_* in `valid` is clear) and whether it completed; per host its clock (clock_ok 0: no clock row,
  * every corrected time NULL) and bound. A pass takes the rows whose
  * ((seq % passes) + passes) % passes equals `pass`, as the SQL form's passes.
  * Writes at most `cap` rows of rwa_group's keys (out_*) and rwa_collectives'
@@ -486,14 +486,14 @@ RWA_EXPORT int64_t rwa_prepare(
     row[RWA_IN_N_RANKS] = member_col(members, m, RWA_M_N_RANKS);
     ok[RWA_IN_N_RANKS] = (uint8_t)(member_col(members, m, RWA_M_N_RANKS_OK) != 0);
     row[RWA_IN_MSG_BYTES] = msg[i];
-    ok[RWA_IN_MSG_BYTES] = (uint8_t)((valid[i] & RWA_V_MSG) != 0);
+    ok[RWA_IN_MSG_BYTES] = (uint8_t)((valid[i] & RW_V_MSG) != 0);
     row[RWA_IN_RANK] = member_col(members, m, RWA_M_RANK);
     ok[RWA_IN_RANK] = 1;
     row[RWA_IN_WORLD_RANK] = member_col(members, m, RWA_M_WORLD_RANK);
     ok[RWA_IN_WORLD_RANK] = (uint8_t)(member_col(members, m, RWA_M_WORLD_OK) != 0);
     const int64_t *times[3] = {arrival, gpu_start, gpu_end};
     const int cols[3] = {RWA_IN_ARRIVAL, RWA_IN_GPU_START, RWA_IN_GPU_END};
-    const int bits[3] = {RWA_V_ARRIVAL, RWA_V_GPU_START, RWA_V_GPU_END};
+    const int bits[3] = {RW_V_ARRIVAL, RW_V_GPU_START, RW_V_GPU_END};
     for (int t = 0; t < 3; t++) {
       int got = 0;
       row[cols[t]] = 0;
@@ -503,7 +503,7 @@ RWA_EXPORT int64_t rwa_prepare(
       }
       ok[cols[t]] = (uint8_t)got;
     }
-    int both = (valid[i] & RWA_V_GPU_START) && (valid[i] & RWA_V_GPU_END);
+    int both = (valid[i] & RW_V_GPU_START) && (valid[i] & RW_V_GPU_END);
     row[RWA_IN_DURATION] = 0;
     if (both && __builtin_sub_overflow(gpu_end[i], gpu_start[i], &row[RWA_IN_DURATION]))
       return RWA_OVERFLOW;
@@ -513,9 +513,9 @@ RWA_EXPORT int64_t rwa_prepare(
     row[RWA_IN_COMM_NAME] = member_col(members, m, RWA_M_COMM_NAME);
     row[RWA_IN_WORLD_CODE] = member_col(members, m, RWA_M_WORLD_CODE);
     row[RWA_IN_CLOCK_ERROR] = clock_error[i];
-    row[RWA_IN_COMPLETE] = !(valid[i] & RWA_V_INCOMPLETE); /* coalesce(complete, true) */
+    row[RWA_IN_COMPLETE] = !(valid[i] & RW_V_INCOMPLETE); /* coalesce(complete, true) */
     for (int c = RWA_IN_HOST; c < RWA_IN; c++) ok[c] = 1;
-    ok[RWA_IN_CLOCK_ERROR] = (uint8_t)((valid[i] & RWA_V_CLOCK_ERROR) != 0);
+    ok[RWA_IN_CLOCK_ERROR] = (uint8_t)((valid[i] & RW_V_CLOCK_ERROR) != 0);
     int has_clock = clock_ok[h] && bound_ok[h];
     bound[k] = has_clock ? bound_ns[h] : 0.0;
     row_bound_ok[k] = (uint8_t)has_clock;

@@ -7,6 +7,8 @@
 
 #include <stdint.h>
 
+#include "rwkept.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -50,11 +52,6 @@ enum {
 enum {
   RWA_M_COMM_KEY, RWA_M_COMM_ID, RWA_M_COMM_NAME, RWA_M_RANK, RWA_M_N_RANKS, RWA_M_N_RANKS_OK,
   RWA_M_HOST, RWA_M_WORLD_RANK, RWA_M_WORLD_OK, RWA_M_WORLD_CODE, RWA_M
-};
-/* ... and the validity bits of a captured row's nullable columns. */
-enum {
-  RWA_V_MSG = 1, RWA_V_ARRIVAL = 2, RWA_V_GPU_START = 4, RWA_V_GPU_END = 8,
-  RWA_V_CLOCK_ERROR = 16, RWA_V_INCOMPLETE = 32 /* `complete` is false (not NULL, not true) */
 };
 
 int64_t rwa_prepare(int64_t n, const int32_t *member, const int32_t *func, const int64_t *seq,

@@ -6,6 +6,7 @@
 #define _GNU_SOURCE /* strtod_l, newlocale */
 #endif
 #include "rwparse.h"
+#include "rwkept.h"
 
 #include <errno.h>
 #include <locale.h>
@@ -1325,4 +1326,70 @@ const char *rwp_string(const rwp_parser *p, int32_t code, int64_t *len) {
   const char *s = str_at(p, code, &n);
   *len = (int64_t)n;
   return s;
+}
+
+/* ------------------------------------------------------------------ capture */
+
+static inline int bit_at(const uint8_t *bits, int64_t i) { return (bits[i >> 3] >> (i & 7)) & 1; }
+
+/* The collective rows of one chunk of the native reader (rankwatch.store.captured):
+ * `values` and `valid` hold the chunk's columns named by RW_C_* (int32 string codes,
+ * int64 numbers, bitmaps for `complete`; LSB-first validity bitmaps). Rows whose
+ * kind code is `coll` are written in order: their row number, function code mapped
+ * through func_remap (n_local codes), seq, the five nullable numbers (0 where NULL)
+ * and validity bits (RW_V_*). When every such row shares one host and pid and its
+ * member fits 64 bits (codes below 2^12, rank and n_ranks + 1 below 2^20), *packed
+ * is set to 1 and out_key holds each row's member packed as
+ * rankwatch.store.captured._packed packs it; else *packed is 0. Returns the number
+ * of rows written, or -1 for a function code out of range. */
+int64_t rwp_capture(int64_t rows, const void *const *values,
+                               const uint8_t *const *valid, int32_t coll,
+                               const int32_t *func_remap, int64_t n_local, int32_t *out_row,
+                               int32_t *out_func, int64_t *out_seq, int64_t *const *out_values,
+                               uint8_t *out_valid, uint64_t *out_key, int64_t *packed) {
+  if (rows < 0 || n_local < 0) return -1;
+  const int32_t *kind = values[RW_C_KIND], *func = values[RW_C_FUNC];
+  const int32_t *cid = values[RW_C_COMM_ID], *cname = values[RW_C_COMM_NAME];
+  const int32_t *host = values[RW_C_HOST];
+  const int64_t *seq = values[RW_C_SEQ], *rank = values[RW_C_RANK];
+  const int64_t *n_ranks = values[RW_C_N_RANKS], *pid = values[RW_C_PID];
+  const uint8_t *done = values[RW_C_COMPLETE];
+  const int cols[5] = {RW_C_MSG, RW_C_ARRIVAL, RW_C_GPU_START, RW_C_GPU_END,
+                       RW_C_CLOCK_ERROR};
+  const uint8_t bits[5] = {RW_V_MSG, RW_V_ARRIVAL, RW_V_GPU_START, RW_V_GPU_END,
+                           RW_V_CLOCK_ERROR};
+  const int64_t code_top = (int64_t)1 << RW_KEY_CODE_BITS, int_top = (int64_t)1 << RW_KEY_INT_BITS;
+  int fits = 1;
+  int64_t k = 0;
+  for (int64_t i = 0; i < rows; i++) {
+    if (kind[i] != coll) continue;
+    int32_t f = func[i];
+    if (f < 0 || f >= n_local) return -1;
+    out_row[k] = (int32_t)i;
+    out_func[k] = func_remap[f];
+    out_seq[k] = seq[i];
+    uint8_t v = 0;
+    for (int c = 0; c < 5; c++) {
+      int ok = bit_at(valid[cols[c]], i);
+      out_values[c][k] = ok ? ((const int64_t *)values[cols[c]])[i] : 0;
+      if (ok) v |= bits[c];
+    }
+    if (bit_at(valid[RW_C_COMPLETE], i) && !bit_at(done, i)) v |= RW_V_INCOMPLETE;
+    out_valid[k] = v;
+    int64_t name = bit_at(valid[RW_C_COMM_NAME], i) ? cname[i] : -1;
+    int size_ok = bit_at(valid[RW_C_N_RANKS], i);
+    int64_t size = size_ok ? n_ranks[i] : -1;
+    if (size_ok && size < 0) fits = 0; /* -1 would read as NULL */
+    if (k > 0 && (host[i] != host[out_row[0]] || pid[i] != pid[out_row[0]])) fits = 0;
+    if (cid[i] < 0 || cid[i] >= code_top || name + 1 >= code_top || rank[i] < 0 ||
+        rank[i] >= int_top || size + 1 >= int_top)
+      fits = 0;
+    if (fits)
+      out_key[k] = (uint64_t)cid[i] << (RW_KEY_CODE_BITS + 2 * RW_KEY_INT_BITS) |
+                   (uint64_t)(name + 1) << (2 * RW_KEY_INT_BITS) |
+                   (uint64_t)rank[i] << RW_KEY_INT_BITS | (uint64_t)(size + 1);
+    k++;
+  }
+  *packed = fits && k > 0;
+  return k;
 }

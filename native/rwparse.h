@@ -85,6 +85,13 @@ RWP_API int64_t rwp_unterminated_line(const rwp_parser *p);
 RWP_API int32_t rwp_string_count(const rwp_parser *p);
 /* Bytes and length of interned string `code` (valid until rwp_reset/rwp_free). */
 RWP_API const char *rwp_string(const rwp_parser *p, int32_t code, int64_t *len);
+/* The collective rows of a parsed chunk in the kept-columns layout (rwkept.h;
+ * see rwparse.c). */
+RWP_API int64_t rwp_capture(int64_t rows, const void *const *values, const uint8_t *const *valid,
+                            int32_t coll, const int32_t *func_remap, int64_t n_local,
+                            int32_t *out_row, int32_t *out_func, int64_t *out_seq,
+                            int64_t *const *out_values, uint8_t *out_valid, uint64_t *out_key,
+                            int64_t *packed);
 
 #ifdef __cplusplus
 }

@@ -97,7 +97,7 @@ def _record(rng: random.Random, host: str, pid: int, rank: int) -> dict:
     )
     return {
         "header": {"id": comm, "comm_name": maybe(rng.choice(["dp", "tp"])), "rank": rank,
-                   "n_ranks": maybe(8)},
+                   "n_ranks": maybe(rng.choice([8, 8, 8, -1]))},  # -1: not NULL
         "metadata": {"hostname": host, "pid": pid},
         **perf,
         "rankwatch": {
@@ -144,6 +144,38 @@ def _odd_clocks_and_ranks(run: Run, rng: random.Random) -> None:
         "CREATE OR REPLACE TABLE rank_map AS SELECT DISTINCT comm_key, rank, host, pid, "
         "CASE WHEN rank < 7 THEN rank END AS world_rank FROM ops"
     )
+
+
+def _kept_rows(kept: captured.CollectiveColumns) -> list[tuple]:
+    """The kept columns decoded row by row, as the ops table holds them."""
+    text = kept.strings
+    out = []
+    for i in range(kept.rows):
+        cid, cname, rank, n_ranks, host, pid, key = kept.members[int(kept.member[i])]
+        bits = int(kept.valid[i])
+
+        def value(name: str, bits: int = bits, i: int = i) -> int | None:
+            return int(kept.values[name][i]) if bits & captured.VALID_BITS[name] else None
+
+        out.append((
+            text[host], pid, text[cid], text[key] if key >= 0 else None,
+            text[cname] if cname >= 0 else None, rank, n_ranks, text[int(kept.func[i])],
+            int(kept.seq[i]), *(value(name) for name in captured.TIMES),
+            not bits & captured.INCOMPLETE_BIT,
+        ))  # fmt: skip
+    return sorted(out, key=repr)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_kept_columns_are_the_ops_tables_collective_rows(seed: int, tmp_path: Path) -> None:
+    store = ingest([_random_job(tmp_path / "job", seed)], progress=False)
+    assert store.collectives_kept is not None
+    want = store.con.execute(
+        "SELECT host, pid, comm_id, comm_key, comm_name, rank, n_ranks, func, seq, msg_bytes, "
+        "arrival_ns, gpu_start_ns, gpu_end_ns, clock_error_ns, coalesce(complete, true) "
+        "FROM ops WHERE kind = 'coll'"
+    ).fetchall()
+    assert _kept_rows(store.collectives_kept) == sorted(want, key=repr)
 
 
 @pytest.mark.parametrize("seed", range(5))
@@ -294,7 +326,11 @@ def test_column_orders_match_the_header() -> None:
     assert names("RWA_L_COLLECTIVES", "RWA_L_") == kernels.LATE_I64
     assert names("RWA_L_ARRIVAL_VS_MEDIAN_SUM", "RWA_L_") == kernels.LATE_F64
     assert names("RWA_M_COMM_KEY", "RWA_M_") + ("",) == (*kernels.MEMBER_COLUMNS, "")
-    bits = dict(re.findall(r"RWA_V_(\w+) = (\d+)", header))
+
+
+def test_the_kept_layout_matches_its_header() -> None:
+    header = (NATIVE_DIR / "rwkept.h").read_text()
+    bits = dict(re.findall(r"RW_V_(\w+) = (\d+)", header))
     assert {k.lower(): int(v) for k, v in bits.items()} == {
         **{
             name.removesuffix("_ns").removesuffix("_bytes"): bit
@@ -302,6 +338,8 @@ def test_column_orders_match_the_header() -> None:
         },
         "incomplete": captured.INCOMPLETE_BIT,
     }
+    slots = [n.removeprefix("RW_C_").lower() for n in _enum(header, "RW_C_KIND")[:-1]]
+    assert slots == [c.removesuffix("_ns").removesuffix("_bytes") for c in captured.CAPTURE_COLUMNS]
 
 
 @pytest.mark.skipif(c_compiler() is None, reason="no C compiler")

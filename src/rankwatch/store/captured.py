@@ -15,6 +15,10 @@ collective op. Strings
 (hosts, communicator ids and keys, names, functions) share one job-wide
 dictionary.
 
+Each chunk's collective rows are picked and laid out in C (rwp_capture in
+native/rwparse.c, one call per chunk, the GIL released); interning members stays
+here, a sorted lookup for a file's later chunks.
+
 Parsing threads add chunks concurrently (`add`); a file the native reader hands
 on to the DuckDB path is dropped again (`drop`); `finish()` joins the parts
 into CollectiveColumns. Those columns equal the ops table's collective rows
@@ -24,30 +28,29 @@ the row count before it trusts them, and otherwise aligns with SQL.
 
 from __future__ import annotations
 
+import ctypes
 import threading
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-# The ops columns a captured row (or its member) holds, each read from one field
-# of the record (rankwatch.store.native.column_for: the lean projection's field).
-MEMBER_COLUMNS = ("comm_id", "comm_name", "rank", "n_ranks", "host", "pid")
-ROW_COLUMNS = ("func", "seq", "msg_bytes", "arrival_ns", "gpu_start_ns", "gpu_end_ns",
-               "clock_error_ns", "complete")  # fmt: skip
-KIND_COLUMN = "kind"
+# The chunk columns rwp_capture reads (native/rwkept.h: RW_C_*), each the ops column
+# of that name as the native reader fills it (rankwatch.store.native.capture_slots).
+CAPTURE_COLUMNS = ("kind", "func", "seq", "msg_bytes", "arrival_ns", "gpu_start_ns",
+                   "gpu_end_ns", "clock_error_ns", "complete", "comm_id", "comm_name", "rank",
+                   "n_ranks", "host", "pid")  # fmt: skip
 # validity bits of a row's nullable columns, and one for `complete` being false
-# (native/rwalign.h: RWA_V_*)
+# (native/rwkept.h: RW_V_*)
 VALID_BITS = {"msg_bytes": 1, "arrival_ns": 2, "gpu_start_ns": 4, "gpu_end_ns": 8,
               "clock_error_ns": 16}  # fmt: skip
 INCOMPLETE_BIT = 32
 TIMES = ("msg_bytes", "arrival_ns", "gpu_start_ns", "gpu_end_ns", "clock_error_ns")
+MEMBER_COLUMNS = ("comm_id", "comm_name", "rank", "n_ranks", "host", "pid")
 
 # A member as interned: (comm_id, comm_name or -1, rank, n_ranks or None, host,
 # pid, comm_key or -1), strings as job-wide codes.
 Member = tuple[int, int, int, "int | None", int, int, int]
-
-_FAST_CODE_BITS, _FAST_INT_BITS = 12, 20  # member keys packed into 64 bits (see _members)
 
 
 @dataclass
@@ -56,6 +59,18 @@ class _Part:
     code), `seq` (int64), TIMES (int64, 0 where NULL) and `valid` (uint8, VALID_BITS)."""
 
     columns: dict[str, np.ndarray]
+
+
+class _Capture:
+    """rwp_capture's output buffers for a chunk of `rows` rows."""
+
+    def __init__(self, rows: int) -> None:
+        self.row = np.empty(rows, dtype=np.int32)
+        self.func = np.empty(rows, dtype=np.int32)
+        self.seq = np.empty(rows, dtype=np.int64)
+        self.values = {name: np.empty(rows, dtype=np.int64) for name in TIMES}
+        self.valid = np.empty(rows, dtype=np.uint8)
+        self.key = np.empty(rows, dtype=np.uint64)
 
 
 @dataclass
@@ -93,10 +108,11 @@ class _FileState:
 class CollectiveCapture:
     """Collects CollectiveColumns from the native reader's chunks (thread-safe)."""
 
-    def __init__(self, slots: dict[str, int]) -> None:
-        """slots: the layout slot of each column in MEMBER_COLUMNS, ROW_COLUMNS and
-        KIND_COLUMN."""
+    def __init__(self, slots: dict[str, int], lib: ctypes.CDLL) -> None:
+        """slots: the layout slot of each of CAPTURE_COLUMNS; lib: the native
+        reader's library (rwp_capture)."""
         self._slots = slots
+        self._lib = lib
         self._lock = threading.Lock()
         self._codes: dict[str, int] = {}
         self._strings: list[str] = []
@@ -135,40 +151,33 @@ class CollectiveCapture:
             return
         state = self._files.setdefault(path, _FileState())
         self._remaps(state, strings, keys)
-        values, valid = chunk.values, chunk.valid
-        kind = values[self._slots[KIND_COLUMN]][:rows]
-        picked = np.flatnonzero(kind == strings.index("coll"))
-        if not len(picked):
+        out = _Capture(rows)
+        slots = [self._slots[name] for name in CAPTURE_COLUMNS]
+        values = (ctypes.c_void_p * len(slots))(*[chunk.values[k].ctypes.data for k in slots])
+        valid = (ctypes.c_void_p * len(slots))(*[chunk.valid[k].ctypes.data for k in slots])
+        times = (ctypes.c_void_p * len(TIMES))(*[out.values[name].ctypes.data for name in TIMES])
+        packed = ctypes.c_int64(0)
+        got = self._lib.rwp_capture(
+            rows, values, valid, strings.index("coll"), state.remap.ctypes.data,
+            len(state.remap), out.row.ctypes.data, out.func.ctypes.data, out.seq.ctypes.data,
+            times, out.valid.ctypes.data, out.key.ctypes.data, ctypes.byref(packed),
+        )  # fmt: skip
+        if got < 0:
+            raise ValueError(f"{path}: a function code out of range")
+        if got == 0:
             return
+        picked = out.row[:got]
+        key = out.key[:got] if packed.value else None
+        columns = {"member": self._members_of(state, chunk, picked, key)}
+        columns |= {"func": out.func[:got].copy(), "seq": out.seq[:got].copy()}
+        columns |= {name: out.values[name][:got].copy() for name in TIMES}
+        state.parts.append(_Part(columns | {"valid": out.valid[:got].copy()}))
 
-        def take(name: str) -> np.ndarray:
-            return values[self._slots[name]][picked]
-
-        def present(name: str) -> np.ndarray:
-            bits = np.unpackbits(valid[self._slots[name]], count=rows, bitorder="little")
-            return bits[picked]
-
-        flags = np.zeros(len(picked), dtype=np.uint8)
-        times = {}
-        for name in TIMES:
-            ok = present(name)
-            flags |= ok * np.uint8(VALID_BITS[name])
-            times[name] = np.where(ok.astype(bool), take(name), 0)
-        done = np.unpackbits(values[self._slots["complete"]], count=rows, bitorder="little")
-        incomplete = present("complete") & ~done[picked] & np.uint8(1)  # false, not NULL
-        flags |= incomplete * np.uint8(INCOMPLETE_BIT)
-        member = self._members_of(state, take, present)
-        columns = {"member": member, "func": state.remap[take("func")], "seq": take("seq")}
-        state.parts.append(_Part({**columns, **times, "valid": flags}))
-
-    def _members_of(self, state: _FileState, take: Any, present: Any) -> np.ndarray:
-        """Each row's member code, interning the chunk's distinct members."""
-        cid, cname = take("comm_id"), take("comm_name")
-        cname = np.where(present("comm_name").astype(bool), cname, -1)
-        rank = take("rank")
-        n_ranks = np.where(present("n_ranks").astype(bool), take("n_ranks"), -1)
-        host, pid = take("host"), take("pid")
-        key = _packed(cid, cname, rank, n_ranks, host, pid)
+    def _members_of(
+        self, state: _FileState, chunk: Any, picked: np.ndarray, key: np.ndarray | None
+    ) -> np.ndarray:
+        """Each picked row's member code, interning the chunk's distinct members;
+        `key`: the rows' packed members when rwp_capture could pack them."""
         if key is not None and len(state.member_keys):
             # the usual chunk: members its file had before (a sorted lookup, no sort)
             at = np.minimum(np.searchsorted(state.member_keys, key), len(state.member_keys) - 1)
@@ -179,21 +188,15 @@ class CollectiveCapture:
             firsts = np.zeros(len(uniq), dtype=np.int64)
             firsts[inverse] = np.arange(len(key))  # any row of each member will do
         else:  # a rare chunk (several processes, huge codes or ranks): slower, same result
-            table = np.stack([cid, cname, rank, n_ranks, host, pid], axis=1).astype(np.int64)
+            table = np.stack([self._column(chunk, name, picked) for name in MEMBER_COLUMNS]
+                             + [self._present(chunk, "comm_name", picked),
+                                self._present(chunk, "n_ranks", picked)], axis=1)  # fmt: skip
             uniq, firsts, inverse = np.unique(table, axis=0, return_index=True, return_inverse=True)
         codes = np.empty(len(uniq), dtype=np.int32)
-        remap, key_remap = state.remap, state.key_remap
+        rows = picked[firsts].tolist()
         with self._lock:
-            for j, i in enumerate(firsts.tolist()):
-                member: Member = (
-                    int(remap[cid[i]]),
-                    int(remap[cname[i]]) if cname[i] >= 0 else -1,
-                    int(rank[i]),
-                    int(n_ranks[i]) if n_ranks[i] >= 0 else None,
-                    int(remap[host[i]]),
-                    int(pid[i]),
-                    int(key_remap[cid[i]]),
-                )
+            for j, row in enumerate(rows):
+                member = self._member(state, chunk, row)
                 code = self._members.get(member)
                 if code is None:
                     code = self._members[member] = len(self._members)
@@ -205,6 +208,35 @@ class CollectiveCapture:
             state.member_codes = np.concatenate([state.member_codes, codes])[order][first]
             state.member_keys = merged
         return codes[np.asarray(inverse).reshape(-1)]
+
+    def _column(self, chunk: Any, name: str, rows: np.ndarray) -> np.ndarray:
+        return chunk.values[self._slots[name]][rows].astype(np.int64)
+
+    def _present(self, chunk: Any, name: str, rows: np.ndarray) -> np.ndarray:
+        bits = chunk.valid[self._slots[name]]
+        return ((bits[rows >> 3] >> (rows & 7)) & 1).astype(np.int64)
+
+    def _member(self, state: _FileState, chunk: Any, row: int) -> Member:
+        """The member of one row of the chunk, its strings as job-wide codes."""
+        at = np.array([row])
+
+        def value(name: str) -> int:
+            return int(chunk.values[self._slots[name]][row])
+
+        cid = value("comm_id")
+        named, sized = (
+            bool(self._present(chunk, "comm_name", at)[0]),
+            bool(self._present(chunk, "n_ranks", at)[0]),
+        )
+        return (
+            int(state.remap[cid]),
+            int(state.remap[value("comm_name")]) if named else -1,
+            value("rank"),
+            value("n_ranks") if sized else None,
+            int(state.remap[value("host")]),
+            value("pid"),
+            int(state.key_remap[cid]),
+        )
 
     def drop(self, path: str) -> None:
         """Forget what was kept of `path` (the file goes through the DuckDB path)."""
@@ -227,29 +259,3 @@ class CollectiveCapture:
         values = {name: join(name, np.int64) for name in TIMES}
         members = [m for m, _ in sorted(self._members.items(), key=lambda item: item[1])]
         return CollectiveColumns(list(self._strings), members, member, func, seq, values, valid)
-
-
-def _packed(
-    cid: np.ndarray,
-    cname: np.ndarray,
-    rank: np.ndarray,
-    n_ranks: np.ndarray,
-    host: np.ndarray,
-    pid: np.ndarray,
-) -> np.ndarray | None:
-    """A chunk's member keys packed into one uint64 each, when its rows share one
-    host and pid (one process's file) and the codes and ranks fit; else None."""
-    if not len(cid):
-        return None
-    if host.min() != host.max() or pid.min() != pid.max():
-        return None
-    code_top, int_top = 1 << _FAST_CODE_BITS, 1 << _FAST_INT_BITS
-    if cid.max() >= code_top or cname.max() + 1 >= code_top:
-        return None
-    if rank.min() < 0 or rank.max() >= int_top or n_ranks.max() + 1 >= int_top:
-        return None
-    key = cid.astype(np.uint64) << np.uint64(_FAST_CODE_BITS + 2 * _FAST_INT_BITS)
-    key |= (cname + 1).astype(np.uint64) << np.uint64(2 * _FAST_INT_BITS)
-    key |= rank.astype(np.uint64) << np.uint64(_FAST_INT_BITS)
-    key |= (n_ranks + 1).astype(np.uint64)
-    return key

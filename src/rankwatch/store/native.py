@@ -89,6 +89,8 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
         "rwp_unterminated_line": (i64, [c_p]),
         "rwp_string_count": (ctypes.c_int32, [c_p]),
         "rwp_string": (c_p, [c_p, ctypes.c_int32, ctypes.POINTER(i64)]),
+        "rwp_capture": (i64, [i64, c_p, c_p, ctypes.c_int32, c_p, i64, c_p, c_p, c_p, c_p,
+                              c_p, c_p, c_p]),
     }  # fmt: skip
     for name, (restype, argtypes) in sigs.items():
         fn = getattr(lib, name)
@@ -196,9 +198,8 @@ def column_for(shape: Layout, ops_column: str) -> Column:
 
 
 def capture_slots(shape: Layout) -> dict[str, int]:
-    """The slot of each ops column a CollectiveCapture keeps."""
-    names = (*captured.MEMBER_COLUMNS, *captured.ROW_COLUMNS, captured.KIND_COLUMN)
-    return {name: column_for(shape, name).slot for name in names}
+    """The slot of each ops column a CollectiveCapture reads."""
+    return {name: column_for(shape, name).slot for name in captured.CAPTURE_COLUMNS}
 
 
 # --------------------------------------------------------------------- chunks

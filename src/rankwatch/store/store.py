@@ -171,7 +171,10 @@ def ingest(
             reporter.step(f"reading {len(ops)} op record file(s)", _query_fraction(con)),
         ):
             workers = settings.native_workers()
-            capture = CollectiveCapture(native.capture_slots(native.layout())) if workers else None
+            capture = None
+            if workers:
+                slots = native.capture_slots(native.layout())
+                capture = CollectiveCapture(slots, native.load_library())
             careful, native_files = ingest_ops(con, ops, log, tmpdir, workers, capture)
             compact(con)
         with timed(timings, "state"), reporter.step(f"reading {len(state)} state file(s)"):

@@ -1,0 +1,27 @@
+/* rwkept: the layout of the collective columns rankwatch's native reader keeps
+ * while it parses (rankwatch.store.captured; rwparse.c's rwp_capture writes them,
+ * rwalign.c's rwa_prepare reads them). */
+#ifndef RWKEPT_H
+#define RWKEPT_H
+
+/* The validity bits of a kept row's nullable columns (rankwatch.store.captured
+ * .VALID_BITS and INCOMPLETE_BIT; a test keeps them equal). */
+enum {
+  RW_V_MSG = 1, RW_V_ARRIVAL = 2, RW_V_GPU_START = 4, RW_V_GPU_END = 8,
+  RW_V_CLOCK_ERROR = 16, RW_V_INCOMPLETE = 32 /* `complete` is false (not NULL, not true) */
+};
+
+/* The chunk columns rwp_capture reads, by index of its `values` and `valid` arrays
+ * (rankwatch.store.captured.CAPTURE_COLUMNS). */
+enum {
+  RW_C_KIND, RW_C_FUNC, RW_C_SEQ, RW_C_MSG, RW_C_ARRIVAL, RW_C_GPU_START, RW_C_GPU_END,
+  RW_C_CLOCK_ERROR, RW_C_COMPLETE, RW_C_COMM_ID, RW_C_COMM_NAME, RW_C_RANK, RW_C_N_RANKS,
+  RW_C_HOST, RW_C_PID, RW_C
+};
+
+/* Member keys packed into 64 bits by rwp_capture: comm id code, comm name code + 1,
+ * rank, n_ranks + 1 (rankwatch.store.captured compares them, nothing unpacks them). */
+#define RW_KEY_CODE_BITS 12
+#define RW_KEY_INT_BITS 20
+
+#endif
