@@ -110,12 +110,16 @@ RWA_EXPORT int64_t rwa_group(int64_t n, const int64_t *comm, const int64_t *func
 
 /* ------------------------------------------------------------------ medians */
 
-/* PERCENTILE_CONT(0.5) of m sorted values as DuckDB forms it: the middle value
- * as a double, or lo + (hi - lo) * 0.5 with both cast to double first. */
+/* PERCENTILE_CONT(0.5) of m values as DuckDB forms it: the middle value as a
+ * double, or lo + (hi - lo) * 0.5 of the two middle ones, both cast to double
+ * first (reorders a). */
 static double median_of(int64_t *a, int64_t m) {
-  rw_sort_i64(a, m);
-  if (m % 2) return (double)a[m / 2];
-  double lo = (double)a[m / 2 - 1], hi = (double)a[m / 2];
+  int64_t upper = rw_select_i64(a, m, m / 2);
+  if (m % 2) return (double)upper;
+  int64_t lower = a[0]; /* the largest of a[0 .. m / 2), all at most upper */
+  for (int64_t j = 1; j < m / 2; j++)
+    if (a[j] > lower) lower = a[j];
+  double lo = (double)lower, hi = (double)upper;
   return lo + (hi - lo) * 0.5;
 }
 
@@ -422,6 +426,18 @@ RWA_EXPORT int64_t rwa_collectives(int64_t n_groups, const int64_t *starts,
 
 /* ------------------------------------------------------------------ inputs */
 
+/* CAST(round(x) AS BIGINT) as DuckDB computes it (round half away from zero, as
+ * C's round), without a call into libm: 0 when x is NaN or out of range. The
+ * truncation is exact, and so is x - t (for |x| < 2^52 both lie within one of each
+ * other; above, x is an integer and equals t). */
+static inline int round_to_i64(double x, int64_t *out) {
+  if (!(x >= -9223372036854775808.0 && x < 9223372036854775808.0)) return 0;
+  int64_t t = (int64_t)x;
+  double frac = x - (double)t;
+  *out = t + (frac >= 0.5) - (frac <= -0.5);
+  return 1;
+}
+
 /* One time column on the reference clock, as OPS_ALIGNED_SQL maps it:
  * v - CAST(round(offset + drift_ppm * 1e-6 * CAST(v - t0 AS DOUBLE)) AS BIGINT),
  * NULL where the host has no clock row. Returns 1 (a value), 0 (NULL) or -1 (an
@@ -430,11 +446,10 @@ RWA_EXPORT int64_t rwa_collectives(int64_t n_groups, const int64_t *starts,
 static int corrected(int64_t v, int64_t h, const uint8_t *clock_ok, const double *offset_ns,
                      const double *drift_ppm, const int64_t *t0_ns, int64_t *out) {
   if (!clock_ok[h]) return 0;
-  int64_t since;
+  int64_t since, shift;
   if (__builtin_sub_overflow(v, t0_ns[h], &since)) return -1;
-  double shift = round(offset_ns[h] + drift_ppm[h] * 1e-6 * (double)since);
-  if (!(shift >= -9223372036854775808.0 && shift < 9223372036854775808.0)) return -1;
-  if (__builtin_sub_overflow(v, (int64_t)shift, out)) return -1;
+  if (!round_to_i64(offset_ns[h] + drift_ppm[h] * 1e-6 * (double)since, &shift)) return -1;
+  if (__builtin_sub_overflow(v, shift, out)) return -1;
   return 1;
 }
 
@@ -447,8 +462,8 @@ static int64_t member_col(const int64_t *members, int64_t m, int col) {
  * rank, host and world rank), function code (mapped through func_rank into the
  * order of the function names), seq, message size, times and clock error (NULL
  * where the bit of RW_V_* in `valid` is clear) and whether it completed; per host its clock (clock_ok 0: no clock row,
- * every corrected time NULL) and bound. A pass takes the rows whose
- * ((seq % passes) + passes) % passes equals `pass`, as the SQL form's passes.
+ * every corrected time NULL) and bound. A pass takes the n_sel rows listed in
+ * `sel` (rwa_partition's).
  * Writes at most `cap` rows of rwa_group's keys (out_*) and rwa_collectives'
  * inputs (in, in_ok, bound, row_bound_ok, key_ok) and returns how many; RWA_RANGE
  * for a code out of range or more rows than cap, RWA_OVERFLOW where SQL would
@@ -459,19 +474,19 @@ RWA_EXPORT int64_t rwa_prepare(
     const int64_t *clock_error, const uint8_t *valid, int64_t n_members, const int64_t *members, int64_t n_funcs,
     const int64_t *func_rank, int64_t n_hosts, const uint8_t *clock_ok, const double *offset_ns,
     const double *drift_ppm, const int64_t *t0_ns, const double *bound_ns,
-    const uint8_t *bound_ok, int64_t passes, int64_t pass, int64_t cap, int64_t *out_comm,
+    const uint8_t *bound_ok, int64_t n_sel, const int32_t *sel, int64_t cap, int64_t *out_comm,
     int64_t *out_func, int64_t *out_seq, uint8_t *out_seq_ok, int64_t *in, uint8_t *in_ok,
     double *bound, uint8_t *row_bound_ok, uint8_t *key_ok) {
-  if (n < 0 || n_members < 0 || n_funcs < 0 || n_hosts < 0 || passes < 1 || pass < 0 ||
-      pass >= passes || cap < 0)
+  if (n < 0 || n_members < 0 || n_funcs < 0 || n_hosts < 0 || n_sel < 0 || cap < 0)
     return RWA_RANGE;
   for (int64_t m = 0; m < n_members; m++) {
     int64_t h = member_col(members, m, RWA_M_HOST);
     if (h < 0 || h >= n_hosts) return RWA_RANGE;
   }
   int64_t k = 0;
-  for (int64_t i = 0; i < n; i++) {
-    if (((seq[i] % passes) + passes) % passes != pass) continue;
+  for (int64_t j = 0; j < n_sel; j++) {
+    int64_t i = sel[j];
+    if (i < 0 || i >= n) return RWA_RANGE;
     int64_t m = member[i], f = func[i];
     if (m < 0 || m >= n_members || f < 0 || f >= n_funcs || k >= cap) return RWA_RANGE;
     int64_t h = member_col(members, m, RWA_M_HOST);
@@ -713,34 +728,6 @@ RWA_EXPORT int64_t rwa_clock_pairs(int mode, int64_t n_obs, const int64_t *id,
   return rows;
 }
 
-/* The k-th smallest of v[0 .. m) (0-based), moving it to v[k] with nothing larger
- * before it and nothing smaller after it (quickselect, median-of-three pivots:
- * linear on average where sorting is not). Values are finite doubles. */
-static double select_kth(double *v, int64_t m, int64_t k) {
-  int64_t lo = 0, hi = m - 1;
-  while (hi > lo) {
-    int64_t mid = lo + (hi - lo) / 2;
-    double a = v[lo], b = v[mid], c = v[hi];
-    double pivot = a < b ? (b < c ? b : (a < c ? c : a)) : (a < c ? a : (b < c ? c : b));
-    int64_t i = lo, j = hi;
-    while (i <= j) {
-      while (v[i] < pivot) i++;
-      while (v[j] > pivot) j--;
-      if (i <= j) {
-        double t = v[i];
-        v[i] = v[j];
-        v[j] = t;
-        i++;
-        j--;
-      }
-    }
-    if (k <= j) hi = j;
-    else if (k >= i) lo = i;
-    else break; /* v[j + 1 .. i - 1] all equal the pivot, k among them */
-  }
-  return v[k];
-}
-
 /* PERCENTILE_CONT(0.5) of each segment values[offsets[s] .. offsets[s + 1]) as
  * DuckDB forms it (the middle value, or lo + (hi - lo) * 0.5 of the two middle
  * ones), NaN for an empty one; reorders the segments in place. Returns
@@ -757,7 +744,7 @@ RWA_EXPORT int64_t rwa_medians(int64_t n_segments, const int64_t *offsets, doubl
       out[s] = NAN;
       continue;
     }
-    double hi = select_kth(v, m, m / 2);
+    double hi = rw_select_f64(v, m, m / 2);
     if (m % 2) {
       out[s] = hi;
       continue;
@@ -768,4 +755,21 @@ RWA_EXPORT int64_t rwa_medians(int64_t n_segments, const int64_t *offsets, doubl
     out[s] = lo + (hi - lo) * 0.5;
   }
   return n_segments;
+}
+
+/* The rows of each pass: those whose ((seq % passes) + passes) % passes is p, as
+ * the SQL form's passes take them, listed in row order in sel[starts[p] ..
+ * starts[p + 1]) (a counting sort: one scan where every pass scanning all rows
+ * would cost passes times as much). Returns n, or RWA_RANGE (passes < 1, or more
+ * rows than int32 indices hold). */
+RWA_EXPORT int64_t rwa_partition(int64_t n, const int64_t *seq, int64_t passes, int32_t *sel,
+                                 int64_t *starts) {
+  if (n < 0 || n > INT32_MAX || passes < 1) return RWA_RANGE;
+  for (int64_t p = 0; p <= passes; p++) starts[p] = 0;
+  for (int64_t i = 0; i < n; i++) starts[((seq[i] % passes) + passes) % passes + 1]++;
+  for (int64_t p = 0; p < passes; p++) starts[p + 1] += starts[p];
+  for (int64_t i = 0; i < n; i++) sel[starts[((seq[i] % passes) + passes) % passes]++] = (int32_t)i;
+  for (int64_t p = passes; p > 0; p--) starts[p] = starts[p - 1];
+  starts[0] = 0;
+  return n;
 }

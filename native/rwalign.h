@@ -61,10 +61,12 @@ int64_t rwa_prepare(int64_t n, const int32_t *member, const int32_t *func, const
                     const int64_t *members, int64_t n_funcs, const int64_t *func_rank,
                     int64_t n_hosts, const uint8_t *clock_ok, const double *offset_ns,
                     const double *drift_ppm, const int64_t *t0_ns, const double *bound_ns,
-                    const uint8_t *bound_ok, int64_t passes, int64_t pass, int64_t cap,
+                    const uint8_t *bound_ok, int64_t n_sel, const int32_t *sel, int64_t cap,
                     int64_t *out_comm, int64_t *out_func, int64_t *out_seq,
                     uint8_t *out_seq_ok, int64_t *in, uint8_t *in_ok, double *bound,
                     uint8_t *row_bound_ok, uint8_t *key_ok);
+int64_t rwa_partition(int64_t n, const int64_t *seq, int64_t passes, int32_t *sel,
+                      int64_t *starts);
 /* rwa_clock_obs: per (collective, host) observations of clock.py's OBS_SQL. */
 enum { RWA_OBS_SCRATCH = 7 };
 int64_t rwa_clock_obs(int64_t n_groups, const int64_t *starts, const int64_t *order, int64_t n,

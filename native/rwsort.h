@@ -1,6 +1,6 @@
-/* rwsort: an in-place sort of int64 values shared by rankwatch's compiled kernels
+/* rwsort: in-place sorting and selection shared by rankwatch's compiled kernels
  * (rwalign.c's medians, rwdetect.c's per-rank time orders): insertion sort for a
- * few values, heap sort above (n log n at worst, no allocation). */
+ * few values, heap sort above (n log n at worst), quickselect; no allocation. */
 #ifndef RWSORT_H
 #define RWSORT_H
 
@@ -40,5 +40,38 @@ static inline void rw_sort_i64(int64_t *a, int64_t n) {
     rw_sift_down(a, 0, end);
   }
 }
+
+/* The k-th smallest of v[0 .. m) (0-based), moved to v[k] with nothing larger
+ * before it and nothing smaller after it: quickselect with median-of-three
+ * pivots, linear on average where sorting is not. Values must be ordered by < (no
+ * NaN). RW_SELECT defines one per value type. */
+#define RW_SELECT(name, type)                                                              \
+  static inline type name(type *v, int64_t m, int64_t k) {                                 \
+    int64_t lo = 0, hi = m - 1;                                                            \
+    while (hi > lo) {                                                                      \
+      int64_t mid = lo + (hi - lo) / 2;                                                    \
+      type a = v[lo], b = v[mid], c = v[hi];                                               \
+      type pivot = a < b ? (b < c ? b : (a < c ? c : a)) : (a < c ? a : (b < c ? c : b));  \
+      int64_t i = lo, j = hi;                                                              \
+      while (i <= j) {                                                                     \
+        while (v[i] < pivot) i++;                                                          \
+        while (v[j] > pivot) j--;                                                          \
+        if (i <= j) {                                                                      \
+          type t = v[i];                                                                   \
+          v[i] = v[j];                                                                     \
+          v[j] = t;                                                                        \
+          i++;                                                                             \
+          j--;                                                                             \
+        }                                                                                  \
+      }                                                                                    \
+      if (k <= j) hi = j;                                                                  \
+      else if (k >= i) lo = i;                                                             \
+      else break; /* v[j + 1 .. i - 1] all equal the pivot, k among them */                \
+    }                                                                                      \
+    return v[k];                                                                           \
+  }
+
+RW_SELECT(rw_select_i64, int64_t)
+RW_SELECT(rw_select_f64, double)
 
 #endif

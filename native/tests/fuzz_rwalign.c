@@ -232,15 +232,26 @@ static int prepare_round(int64_t n) {
   int64_t *in = NEW(int64_t, RWA_IN * cap);
   double *bound = NEW(double, cap);
   uint8_t *bound_ok = NEW(uint8_t, cap), *key_ok = NEW(uint8_t, cap);
+  /* the pass's rows, as rwa_partition lists them; sometimes an index out of range */
+  int32_t *sel = NEW(int32_t, n);
+  int64_t *starts = NEW(int64_t, passes + 1);
+  int good = rwa_partition(n, seq, passes, sel, starts) == n && starts[passes] == n;
+  for (int64_t p = 0; good && p < passes; p++)
+    for (int64_t j = starts[p]; j < starts[p + 1]; j++)
+      if (((seq[sel[j]] % passes) + passes) % passes != p || (j > starts[p] && sel[j] <= sel[j - 1]))
+        good = 0;
+  int64_t n_sel = starts[pass + 1] - starts[pass];
+  int32_t *mine = sel + starts[pass];
+  if (allow_bad && n_sel > 0 && pick(20) == 0) mine[pick(n_sel)] = (int32_t)n;
   int64_t got = rwa_prepare(n, member, func, seq, msg, arr, gs, ge, cerr, valid, n_members, members,
                             n_funcs, func_rank, n_hosts, clock_ok, offset, drift, t0, hbound,
-                            hbound_ok, passes, pass, cap, comm, ofunc, oseq, seq_ok, in, in_ok,
+                            hbound_ok, n_sel, mine, cap, comm, ofunc, oseq, seq_ok, in, in_ok,
                             bound, bound_ok, key_ok);
-  int good = (got >= 0 && got <= cap) || got == RWA_RANGE || got == RWA_OVERFLOW;
-  if (!allow_bad && cap == n && got == RWA_RANGE) good = 0; /* only bad inputs are refused */
+  good = good && ((got >= 0 && got <= cap) || got == RWA_RANGE || got == RWA_OVERFLOW);
+  if (!allow_bad && cap >= n_sel && got == RWA_RANGE) good = 0; /* only bad inputs are refused */
   if (got >= 0) good = good && clock_round(got, comm, in, in_ok, n_hosts);
   free(member), free(func), free(seq), free(msg), free(arr), free(gs), free(ge), free(valid);
-  free(cerr);
+  free(cerr), free(sel), free(starts);
   free(members), free(func_rank), free(t0), free(offset), free(drift), free(hbound);
   free(clock_ok), free(hbound_ok), free(comm), free(ofunc), free(oseq), free(seq_ok);
   free(in_ok), free(in), free(bound), free(bound_ok), free(key_ok);

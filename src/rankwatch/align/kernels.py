@@ -58,7 +58,8 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     sigs = {
         "rwa_group": [i64, p, p, p, p, i64, p, p, p, p, p],
         "rwa_collectives": [i64, p, p, i64, p, p, p, p, p, i64, i64, *[p] * 7],
-        "rwa_prepare": [i64, *[p] * 9, i64, p, i64, p, i64, *[p] * 6, i64, i64, i64, *[p] * 9],
+        "rwa_prepare": [i64, *[p] * 9, i64, p, i64, p, i64, *[p] * 6, i64, p, i64, *[p] * 9],
+        "rwa_partition": [i64, p, i64, p, p],
         "rwa_clock_obs": [i64, p, p, i64, p, p, p, i64, p, i64, p, p, i64, i64, i64, *[p] * 7],
         "rwa_clock_pairs": [
             ctypes.c_int,
@@ -309,13 +310,27 @@ class PassRows:
         )  # fmt: skip
 
 
-def pass_sizes(kept: CollectiveColumns, passes: int) -> np.ndarray:
-    """Rows in each pass (NumPy's % is the SQL form's ((seq % p) + p) % p)."""
-    return np.bincount(kept.seq % passes, minlength=passes)
+@dataclass
+class Partition:
+    """The kept rows of each pass: pass i's are sel[starts[i]:starts[i + 1]]."""
+
+    sel: np.ndarray  # int32 row numbers, pass after pass
+    starts: np.ndarray
+
+    @classmethod
+    def of(cls, lib: ctypes.CDLL, kept: CollectiveColumns, passes: int) -> Partition:
+        sel, starts = np.empty(kept.rows, np.int32), np.empty(passes + 1, np.int64)
+        if lib.rwa_partition(kept.rows, _p(kept.seq), passes, _p(sel), _p(starts)) < 0:
+            raise Declined(f"rwa_partition declined {kept.rows} rows")
+        return cls(sel, starts)
+
+    def rows(self, i: int) -> np.ndarray:
+        return self.sel[self.starts[i] : self.starts[i + 1]]
 
 
-def _prepare(lib: ctypes.CDLL, kept: CollectiveColumns, job: JobTables, passes: int, i: int,
-             rows: int) -> PassRows:  # fmt: skip
+def _prepare(lib: ctypes.CDLL, kept: CollectiveColumns, job: JobTables, sel: np.ndarray
+             ) -> PassRows:  # fmt: skip
+    rows = len(sel)
     out = PassRows.empty(rows)
     v = kept.values
     got = lib.rwa_prepare(
@@ -324,7 +339,7 @@ def _prepare(lib: ctypes.CDLL, kept: CollectiveColumns, job: JobTables, passes: 
         _p(v["clock_error_ns"]), _p(kept.valid),
         len(job.members), _p(job.members), len(job.func_rank), _p(job.func_rank),
         len(job.hosts), _p(job.clock_ok), _p(job.offset_ns), _p(job.drift_ppm), _p(job.t0_ns),
-        _p(job.bound_ns), _p(job.bound_ok), passes, i, rows, _p(out.comm), _p(out.func),
+        _p(job.bound_ns), _p(job.bound_ok), rows, _p(sel), rows, _p(out.comm), _p(out.func),
         _p(out.seq), _p(out.seq_ok), _p(out.data), _p(out.ok), _p(out.bound),
         _p(out.bound_ok), _p(out.key_ok),
     )  # fmt: skip
@@ -377,10 +392,10 @@ def collectives_from_kept(
     lib = library()
     if lib is None:
         raise Declined("rwalign is not available")
-    sizes = pass_sizes(kept, passes)
+    partition = Partition.of(lib, kept, passes)
 
     def one_pass(i: int) -> tuple[Any, Lateness]:
-        rows = _prepare(lib, kept, job, passes, i, int(sizes[i]))
+        rows = _prepare(lib, kept, job, partition.rows(i))
         own = Lateness(job.hosts, job.worlds)
         return _one_pass(lib, rows, job, own), own
 
@@ -465,11 +480,12 @@ def clock_observations(kept: CollectiveColumns, job: JobTables, t0_ns: int,
         raise Declined("rwalign is not available")
     multi = _multi(job)
     n_hosts = len(job.hosts)
-    sizes = pass_sizes(kept, passes).tolist()
+    partition = Partition.of(lib, kept, passes)
 
     def one_pass(i: int) -> dict[str, np.ndarray]:
-        size = int(sizes[i])
-        rows = _prepare(lib, kept, job, passes, i, size)
+        sel = partition.rows(i)
+        size = len(sel)
+        rows = _prepare(lib, kept, job, sel)
         n_groups, _, order, starts = _group(lib, rows)
         scratch = np.zeros(7 * n_hosts, dtype=np.int64)  # rwalign.h: RWA_OBS_SCRATCH
         scratch[:n_hosts] = -1
