@@ -1338,15 +1338,14 @@ static inline int bit_at(const uint8_t *bits, int64_t i) { return (bits[i >> 3] 
  * kind code is `coll` are written in order: their row number, function code mapped
  * through func_remap (n_local codes), seq, the five nullable numbers (0 where NULL)
  * and validity bits (RW_V_*). When every such row shares one host and pid and its
- * member fits 64 bits (codes below 2^12, rank and n_ranks + 1 below 2^20), *packed
- * is set to 1 and out_key holds each row's member packed as
- * rankwatch.store.captured._packed packs it; else *packed is 0. Returns the number
- * of rows written, or -1 for a function code out of range. */
-int64_t rwp_capture(int64_t rows, const void *const *values,
-                               const uint8_t *const *valid, int32_t coll,
-                               const int32_t *func_remap, int64_t n_local, int32_t *out_row,
-                               int32_t *out_func, int64_t *out_seq, int64_t *const *out_values,
-                               uint8_t *out_valid, uint64_t *out_key, int64_t *packed) {
+ * member fits 64 bits (codes below 2^12, rank and n_ranks + 1 below 2^20, a valid
+ * n_ranks not negative), *packed is set to 1 and out_key holds each row's member
+ * packed (rwkept.h: RW_KEY_*; equal keys, equal members); else *packed is 0.
+ * Returns the number of rows written, or -1 for a function code out of range. */
+int64_t rwp_capture(int64_t rows, const void *const *values, const uint8_t *const *valid,
+                    int32_t coll, const int32_t *func_remap, int64_t n_local, int32_t *out_row,
+                    int32_t *out_func, int64_t *out_seq, int64_t *const *out_values,
+                    uint8_t *out_valid, uint64_t *out_key, int64_t *packed) {
   if (rows < 0 || n_local < 0) return -1;
   const int32_t *kind = values[RW_C_KIND], *func = values[RW_C_FUNC];
   const int32_t *cid = values[RW_C_COMM_ID], *cname = values[RW_C_COMM_NAME];
@@ -1358,7 +1357,8 @@ int64_t rwp_capture(int64_t rows, const void *const *values,
                        RW_C_CLOCK_ERROR};
   const uint8_t bits[5] = {RW_V_MSG, RW_V_ARRIVAL, RW_V_GPU_START, RW_V_GPU_END,
                            RW_V_CLOCK_ERROR};
-  const int64_t code_top = (int64_t)1 << RW_KEY_CODE_BITS, int_top = (int64_t)1 << RW_KEY_INT_BITS;
+  const int64_t code_top = (int64_t)1 << RW_KEY_CODE_BITS;
+  const int64_t int_top = (int64_t)1 << RW_KEY_INT_BITS;
   int fits = 1;
   int64_t k = 0;
   for (int64_t i = 0; i < rows; i++) {

@@ -2,11 +2,13 @@
  * deletions and splices of real record lines must never crash, read outside the
  * buffer or hang. Meant to run under -fsanitize=address,undefined; every buffer
  * handed to the parser is an exact-size heap allocation, so any over-read is
- * caught. Counts are checked for consistency on every run.
+ * caught. Counts are checked for consistency on every run. rwp_capture (the kept
+ * collective columns) runs on random chunk columns alongside.
  *
  * usage: fuzz_rwparse SPEC_FILE LINES_FILE ITERATIONS SEED
  */
 #include "rwparse.h"
+#include "rwkept.h"
 
 #include <stdint.h>
 #include <stdio.h>
@@ -178,6 +180,53 @@ static int check(int cond, const char *what, uint64_t iteration) {
   return cond;
 }
 
+/* rwp_capture over random chunk columns (rwkept.h's layout): kinds, codes in and
+ * just out of range, NULLs, several processes, large ranks and negative sizes.
+ * Returns 0 on a broken invariant. */
+static int capture_round(uint64_t it) {
+  int64_t rows = (int64_t)below(300), n_local = 1 + (int64_t)below(5);
+  void *values[RW_C];
+  uint8_t *valid[RW_C];
+  for (int c = 0; c < RW_C; c++) {
+    values[c] = calloc((size_t)(rows ? rows : 1), 8);
+    valid[c] = calloc((size_t)(rows + 8) / 8, 1);
+    for (int64_t b = 0; b < (rows + 7) / 8; b++) valid[c][b] = (uint8_t)next_random();
+  }
+  int many = below(4) == 0, bad = below(8) == 0;
+  for (int64_t i = 0; i < rows; i++) {
+    ((int32_t *)values[RW_C_KIND])[i] = (int32_t)below(3);
+    int32_t func = bad && below(50) == 0 ? (int32_t)n_local : (int32_t)below((size_t)n_local);
+    ((int32_t *)values[RW_C_FUNC])[i] = func;
+    ((int32_t *)values[RW_C_COMM_ID])[i] = (int32_t)below(many ? 5000 : 4);
+    ((int32_t *)values[RW_C_COMM_NAME])[i] = (int32_t)below(4);
+    ((int32_t *)values[RW_C_HOST])[i] = (int32_t)(many ? below(2) : 0);
+    ((int64_t *)values[RW_C_PID])[i] = many ? (int64_t)below(2) : 7;
+    ((int64_t *)values[RW_C_RANK])[i] = many ? (int64_t)(next_random() >> 40) : (int64_t)below(8);
+    ((int64_t *)values[RW_C_N_RANKS])[i] = (int64_t)below(10) - 2;
+    for (int c = RW_C_SEQ; c <= RW_C_CLOCK_ERROR; c++)  /* the int64 columns */
+      ((int64_t *)values[c])[i] = (int64_t)next_random();
+  }
+  int32_t *remap = calloc((size_t)n_local, 4), *out_row = calloc((size_t)(rows ? rows : 1), 4);
+  int32_t *out_func = calloc((size_t)(rows ? rows : 1), 4);
+  int64_t *out_seq = calloc((size_t)(rows ? rows : 1), 8), *out_values[5];
+  for (int c = 0; c < 5; c++) out_values[c] = calloc((size_t)(rows ? rows : 1), 8);
+  uint8_t *out_valid = calloc((size_t)(rows ? rows : 1), 1);
+  uint64_t *out_key = calloc((size_t)(rows ? rows : 1), 8);
+  int64_t packed = -1;
+  int64_t got = rwp_capture(rows, (const void *const *)values, (const uint8_t *const *)valid, 1,
+                            remap, n_local, out_row, out_func, out_seq, out_values, out_valid,
+                            out_key, &packed);
+  int ok = got == -1 ? check(bad, "capture refused good codes", it)
+                     : check(got >= 0 && got <= rows && (packed == 0 || packed == 1),
+                             "capture count out of range", it);
+  for (int64_t k = 1; ok && k < got; k++)
+    ok = check(out_row[k] > out_row[k - 1], "capture rows out of order", it);
+  for (int c = 0; c < RW_C; c++) free(values[c]), free(valid[c]);
+  for (int c = 0; c < 5; c++) free(out_values[c]);
+  free(remap), free(out_row), free(out_func), free(out_seq), free(out_valid), free(out_key);
+  return ok;
+}
+
 int main(int argc, char **argv) {
   if (argc != 5) {
     fprintf(stderr, "usage: %s SPEC LINES ITERATIONS SEED\n", argv[0]);
@@ -259,6 +308,7 @@ int main(int argc, char **argv) {
                            code > 0 && code <= RWP_E_NOT_OBJECT,
                        "bad flag", it);
     }
+    ok = ok && capture_round(it);
     accepted += (uint64_t)rows;
     flagged += (uint64_t)bad;
     chunk_free(&chunk);

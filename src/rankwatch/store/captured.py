@@ -1,8 +1,8 @@
 """The collective ops' alignment columns, kept while the native reader parses.
 
-Aligning collectives needs, of every collective op, only its communicator,
-function, sequence number, rank, process, message size and three times. The
-native reader (native.py) has them in typed columns before DuckDB ever sees
+Aligning collectives and host clocks needs, of every collective op, only its
+communicator, function, sequence number, rank, process, message size, three
+times, clock error and whether it completed. The native reader (native.py) has them in typed columns before DuckDB ever sees
 them; keeping a compact copy here lets the compiled alignment
 (rankwatch.align.kernels) run over them without reading the ops table back out
 of DuckDB, which costs about what the kernel saves.
@@ -10,10 +10,9 @@ of DuckDB, which costs about what the kernel saves.
 What a row keeps: its member (one rank of one communicator in one process: the
 header's id, name, rank and size, the host and the pid, interned job-wide, a
 few hundred per job), its function (a string code), seq, message size, the
-three times, its clock error and a byte of validity bits: 57 bytes per
-collective op. Strings
-(hosts, communicator ids and keys, names, functions) share one job-wide
-dictionary.
+three times, its clock error and a byte of validity bits (completion among
+them): 57 bytes per collective op. Strings (hosts, communicator ids and keys,
+names, functions) share one job-wide dictionary.
 
 Each chunk's collective rows are picked and laid out in C (rwp_capture in
 native/rwparse.c, one call per chunk, the GIL released); interning members stays
