@@ -35,7 +35,7 @@ Settings, read once from the environment by `EngineSettings.from_env()`:
 Besides DuckDB's memory, the native reader keeps the collective ops' alignment
 columns (rankwatch.store.captured: 57 bytes per collective op, about 0.57 GB at
 10 M records) until align has used them, and align's compiled passes hold about
-95 MB each (two at a time on two cores): at 10 M records peak RSS was 1.66 to 1.86 GB
+95 MB each (two at a time on two cores): at 10 M records peak RSS was 1.65 to 1.86 GB
 with the default 1 GB limit (bench/RESULTS.md section 4).
 """
 
