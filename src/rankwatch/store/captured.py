@@ -2,10 +2,11 @@
 
 Aligning collectives and host clocks needs, of every collective op, only its
 communicator, function, sequence number, rank, process, message size, three
-times, clock error and whether it completed. The native reader (native.py) has them in typed columns before DuckDB ever sees
-them; keeping a compact copy here lets the compiled alignment
-(rankwatch.align.kernels) run over them without reading the ops table back out
-of DuckDB, which costs about what the kernel saves.
+times, clock error and whether it completed. The native reader (native.py) has
+them in typed columns before DuckDB ever sees them; keeping a compact copy here
+lets the compiled alignment (rankwatch.align.kernels) run over them without
+reading the ops table back out of DuckDB, which costs about what the kernel
+saves.
 
 What a row keeps: its member (one rank of one communicator in one process: the
 header's id, name, rank and size, the host and the pid, interned job-wide, a
