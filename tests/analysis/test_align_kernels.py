@@ -326,6 +326,8 @@ def test_column_orders_match_the_header() -> None:
     assert names("RWA_L_COLLECTIVES", "RWA_L_") == kernels.LATE_I64
     assert names("RWA_L_ARRIVAL_VS_MEDIAN_SUM", "RWA_L_") == kernels.LATE_F64
     assert names("RWA_M_COMM_KEY", "RWA_M_") + ("",) == (*kernels.MEMBER_COLUMNS, "")
+    scratch = re.search(r"RWA_OBS_SCRATCH = (\d+)", header)
+    assert scratch is not None and int(scratch.group(1)) == kernels.OBS_SCRATCH
 
 
 def test_the_kept_layout_matches_its_header() -> None:

@@ -220,10 +220,6 @@ GROUP BY world_rank
 RANK_LATENESS_SQL = "CREATE OR REPLACE TABLE rank_lateness AS" + RANK_LATENESS_QUERY
 
 
-def _passes(rows: int, rows_per_pass: int) -> int:
-    return max(1, -(-rows // rows_per_pass))
-
-
 def _part(i: int, passes: int) -> str:
     """The collectives of pass i of `passes`: every one in exactly one pass,
     whatever its seq (null, negative)."""
@@ -236,7 +232,7 @@ def _collectives(run: Run) -> None:
     """Create collectives with SQL, in one pass or, for large jobs, several (see
     COLLECTIVES_QUERY)."""
     rows = int(run.con.execute("SELECT count(*) FROM ops WHERE kind = 'coll'").fetchall()[0][0])
-    passes = _passes(rows, ROWS_PER_PASS)
+    passes = kernels.passes(rows, ROWS_PER_PASS)
     for i in range(passes):
         target = "INSERT INTO collectives" if i else "CREATE OR REPLACE TABLE collectives AS"
         run.con.execute(target + COLLECTIVES_QUERY.format(part=_part(i, passes)))

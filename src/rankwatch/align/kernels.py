@@ -50,8 +50,6 @@ LATE_F64 = ("arrival_vs_median_sum", "gpu_vs_median_sum", "max_bound")
 MEMBER_COLUMNS = ("comm_key", "comm_id", "comm_name", "rank", "n_ranks", "n_ranks_ok", "host",
                   "world_rank", "world_ok", "world_code")  # fmt: skip
 
-RANGE, OVERFLOW = -2, -3  # rwalign.h: RWA_RANGE, RWA_OVERFLOW
-
 
 def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     p, i64 = ctypes.c_void_p, ctypes.c_int64
@@ -81,6 +79,18 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
 def library() -> ctypes.CDLL | None:
     """The kernels, or None (not built, or RANKWATCH_NATIVE=0)."""
     return nativelib.kernels(LIB_FILENAME, _bind)
+
+
+class Declined(Exception):
+    """The kept columns cannot give the SQL form's tables: align with SQL."""
+
+
+def _library() -> ctypes.CDLL:
+    """The kernels; Declined where they are not available (the SQL form runs)."""
+    lib = library()
+    if lib is None:
+        raise Declined("rwalign is not available")
+    return lib
 
 
 def _p(a: np.ndarray) -> int:
@@ -158,16 +168,15 @@ class Lateness:
 # ------------------------------------------------------------------- the job
 
 # Collective ops per compiled pass: about 190 bytes of memory each (rwa_prepare's
-# rows and rwa_group's arrays); a pass costs a scan of the kept columns besides.
+# rows and rwa_group's arrays); rwa_partition lists each pass's rows once.
 ROWS_PER_PASS = 500_000
-
-
 PASS_ID_BITS = 40  # clock observations of pass i are numbered from i << PASS_ID_BITS
 MAX_WORKERS = 4  # passes in flight at once, each holding its rows (about 95 MB)
 
 
-def passes(rows: int) -> int:
-    return max(1, -(-rows // ROWS_PER_PASS))
+def passes(rows: int, rows_per_pass: int = ROWS_PER_PASS) -> int:
+    """How many passes of at most rows_per_pass rows take `rows` rows."""
+    return max(1, -(-rows // rows_per_pass))
 
 
 def _in_parallel(work: Callable[[int], Any], passes: int) -> Iterator[Any]:
@@ -195,10 +204,6 @@ def usable_kept(run: Any, release: bool = False) -> CollectiveColumns | None:
         return None
     rows = int(run.con.execute("SELECT count(*) FROM ops WHERE kind = 'coll'").fetchall()[0][0])
     return kept if rows == kept.rows else None
-
-
-class Declined(Exception):
-    """The kept columns cannot give the SQL form's tables: align with SQL."""
 
 
 @dataclass
@@ -362,7 +367,8 @@ def _group(lib: ctypes.CDLL, rows: PassRows) -> tuple[int, np.ndarray, np.ndarra
 
 
 def _one_pass(lib: ctypes.CDLL, rows: PassRows, job: JobTables, late: Lateness) -> Any:
-    """The pass's `joined` rows as an Arrow table; its rows added to `late`."""
+    """The pass's `joined` rows as an Arrow table; its rows summed into `late`
+    (the pass's own: passes run in parallel, and their sums are added in order)."""
     n_groups, first, order, starts = _group(lib, rows)
     biggest = int(np.diff(starts).max()) if n_groups else 0
     out_i = np.empty((len(OUT_I64), n_groups), dtype=np.int64)
@@ -370,16 +376,14 @@ def _one_pass(lib: ctypes.CDLL, rows: PassRows, job: JobTables, late: Lateness) 
     out_ok = np.empty((len(OUT_I64) + len(OUT_F64), n_groups), dtype=np.uint8)
     stamp = np.full(len(job.hosts), -1, dtype=np.int64)
     scratch = np.empty(max(1, biggest), dtype=np.int64)
-    i64, f64 = late.i64.copy(), late.f64.copy()  # kept only when the kernel succeeds
     got = lib.rwa_collectives(
         n_groups, _p(starts), _p(order), len(rows.seq), _p(rows.data), _p(rows.ok),
         _p(rows.bound), _p(rows.bound_ok), _p(rows.key_ok), len(job.hosts),
         len(job.worlds) + 1, _p(stamp), _p(scratch), _p(out_i), _p(out_f), _p(out_ok),
-        _p(i64), _p(f64),
+        _p(late.i64), _p(late.f64),
     )  # fmt: skip
-    if got < 0:
+    if got < 0:  # the pass's own sums (a fresh Lateness) are dropped with it
         raise Declined(f"rwa_collectives returned {got}")
-    late.i64, late.f64 = i64, f64
     return _joined(first, rows, out_i, out_f, out_ok, job)
 
 
@@ -389,9 +393,7 @@ def collectives_from_kept(
     """Each pass's `joined` rows (an Arrow table), its ops added to `late`;
     Declined (raised before anything of a later pass is yielded) when the library is
     missing or a kernel declines."""
-    lib = library()
-    if lib is None:
-        raise Declined("rwalign is not available")
+    lib = _library()
     partition = Partition.of(lib, kept, passes)
 
     def one_pass(i: int) -> tuple[Any, Lateness]:
@@ -441,6 +443,7 @@ def _joined(first: np.ndarray, rows: PassRows, out_i: np.ndarray, out_f: np.ndar
 # ---------------------------------------------------------------- host clocks
 
 OBS_FIELDS = ("id", "host", "min_end", "max_start", "max_start_ok", "mean_end", "err")
+OBS_SCRATCH = 7  # rwalign.h: RWA_OBS_SCRATCH, per-host accumulators of rwa_clock_obs
 MAX_CELLS = 1 << 24  # (host pair, time bucket) cells beyond this: the SQL form instead
 PAIRS_RANGE, PAIRS_COUNT, PAIRS_FILL, PAIRS_DETREND = range(4)  # rwalign.h: RWA_PAIRS_*
 
@@ -475,9 +478,7 @@ def clock_observations(kept: CollectiveColumns, job: JobTables, t0_ns: int,
                        passes: int) -> ClockObservations:  # fmt: skip
     """OBS_SQL from the kept columns (job made with clocks=False: raw host times);
     Declined when the library is missing or a kernel declines."""
-    lib = library()
-    if lib is None:
-        raise Declined("rwalign is not available")
+    lib = _library()
     multi = _multi(job)
     n_hosts = len(job.hosts)
     partition = Partition.of(lib, kept, passes)
@@ -487,7 +488,7 @@ def clock_observations(kept: CollectiveColumns, job: JobTables, t0_ns: int,
         size = len(sel)
         rows = _prepare(lib, kept, job, sel)
         n_groups, _, order, starts = _group(lib, rows)
-        scratch = np.zeros(7 * n_hosts, dtype=np.int64)  # rwalign.h: RWA_OBS_SCRATCH
+        scratch = np.zeros(OBS_SCRATCH * n_hosts, dtype=np.int64)
         scratch[:n_hosts] = -1
         sums = np.zeros(n_hosts)
         out = {
@@ -513,9 +514,7 @@ def clock_observations(kept: CollectiveColumns, job: JobTables, t0_ns: int,
 def medians(offsets: np.ndarray, values: np.ndarray) -> np.ndarray:
     """PERCENTILE_CONT(0.5) of each segment values[offsets[s]:offsets[s + 1]] as
     DuckDB computes it (NaN for an empty one); reorders `values` in place."""
-    lib = library()
-    if lib is None:
-        raise Declined("rwalign is not available")
+    lib = _library()
     out = np.empty(len(offsets) - 1)
     got = lib.rwa_medians(len(out), _p(offsets), _p(values), _p(out))
     if got < 0:
@@ -529,9 +528,7 @@ class ClockPairs:
     the detrended differences in the same places for DETRENDED_SQL's."""
 
     def __init__(self, obs: ClockObservations, pairs: list[tuple[str, str]], width: float):
-        lib = library()
-        if lib is None:
-            raise Declined("rwalign is not available")
+        lib = _library()
         self._lib, self._obs, self._width = lib, obs, width
         code = {h: i for i, h in enumerate(obs.hosts)}
         self.pairs = [p for p in pairs if p[0] in code and p[1] in code]
@@ -560,25 +557,22 @@ class ClockPairs:
         a = {k: arrays.get(k, none) for k in ("cell_next", "values", "t_sum", "slope",
              "slope_err", "upper", "upper_ok", "lower", "lower_ok", "range_")}  # fmt: skip
         got = self._lib.rwa_clock_pairs(
-            mode, self._obs.rows, *(_p(o[name]) for name in OBS_FIELDS[:7]),
+            mode, self._obs.rows, *(_p(o[name]) for name in OBS_FIELDS),
             len(self._obs.hosts), _p(self._pair_of), len(self.pairs), self._width, lo, buckets,
             *(_p(a[k]) for k in a),
         )  # fmt: skip
         if got < 0:
             raise Declined(f"rwa_clock_pairs({mode}) returned {got}")
 
-    def _medians(self, offsets: np.ndarray) -> np.ndarray:
-        return medians(offsets, self.values)
-
     def bucket_rows(self) -> list[tuple]:
         """BUCKET_SQL's rows: (ha, hb, bucket, mean t, median d, count)."""
-        medians = self._medians(self.offsets)
+        middle = medians(self.offsets, self.values)
         rows = []
         for cell in np.flatnonzero(self.counts).tolist():
             pair, bucket = divmod(cell, self._buckets)
             n = int(self.counts[cell])
             rows.append((*self.pairs[pair], float(self._lo + bucket), self.t_sum[cell] / n,
-                         float(medians[cell]), n))  # fmt: skip
+                         float(middle[cell]), n))  # fmt: skip
         return rows
 
     def detrended_rows(self, slope: dict[str, float], slope_err: dict[tuple[str, str], float]
@@ -593,7 +587,7 @@ class ClockPairs:
                    values=self.values, slope=slopes, slope_err=errs, upper=upper,
                    upper_ok=upper_ok, lower=lower, lower_ok=lower_ok)  # fmt: skip
         bounds = np.ascontiguousarray(self.offsets[:: max(1, self._buckets)])  # pair by pair
-        points = self._medians(bounds) if self._buckets else np.empty(0)
+        points = medians(bounds, self.values) if self._buckets else np.empty(0)
         rows = []
         for k, pair in enumerate(self.pairs):
             n = int(bounds[k + 1] - bounds[k]) if self._buckets else 0

@@ -53,14 +53,6 @@ MEMBER_COLUMNS = ("comm_id", "comm_name", "rank", "n_ranks", "host", "pid")
 Member = tuple[int, int, int, "int | None", int, int, int]
 
 
-@dataclass
-class _Part:
-    """The collective rows of one chunk: `member` (int32), `func` (int32 string
-    code), `seq` (int64), TIMES (int64, 0 where NULL) and `valid` (uint8, VALID_BITS)."""
-
-    columns: dict[str, np.ndarray]
-
-
 class _Capture:
     """rwp_capture's output buffers for a chunk of `rows` rows."""
 
@@ -90,17 +82,14 @@ class CollectiveColumns:
     def rows(self) -> int:
         return len(self.seq)
 
-    @property
-    def nbytes(self) -> int:
-        arrays = [self.member, self.func, self.seq, self.valid, *self.values.values()]
-        return sum(a.nbytes for a in arrays)
-
 
 @dataclass
 class _FileState:
     remap: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int32))
     key_remap: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int32))
-    parts: list[_Part] = field(default_factory=list)
+    # the collective rows of each chunk: `member` (int32), `func` (int32 string
+    # code), `seq` (int64), TIMES (int64, 0 where NULL), `valid` (uint8, VALID_BITS)
+    parts: list[dict[str, np.ndarray]] = field(default_factory=list)
     member_keys: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.uint64))
     member_codes: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int32))
 
@@ -171,7 +160,7 @@ class CollectiveCapture:
         columns = {"member": self._members_of(state, chunk, picked, key)}
         columns |= {"func": out.func[:got].copy(), "seq": out.seq[:got].copy()}
         columns |= {name: out.values[name][:got].copy() for name in TIMES}
-        state.parts.append(_Part(columns | {"valid": out.valid[:got].copy()}))
+        state.parts.append(columns | {"valid": out.valid[:got].copy()})
 
     def _members_of(
         self, state: _FileState, chunk: Any, picked: np.ndarray, key: np.ndarray | None
@@ -212,22 +201,20 @@ class CollectiveCapture:
     def _column(self, chunk: Any, name: str, rows: np.ndarray) -> np.ndarray:
         return chunk.values[self._slots[name]][rows].astype(np.int64)
 
-    def _present(self, chunk: Any, name: str, rows: np.ndarray) -> np.ndarray:
+    def _present(self, chunk: Any, name: str, rows: Any) -> Any:
+        """Validity of column `name` at `rows` (an index array, or one row): 1 or 0."""
         bits = chunk.valid[self._slots[name]]
         return ((bits[rows >> 3] >> (rows & 7)) & 1).astype(np.int64)
 
     def _member(self, state: _FileState, chunk: Any, row: int) -> Member:
         """The member of one row of the chunk, its strings as job-wide codes."""
-        at = np.array([row])
 
         def value(name: str) -> int:
             return int(chunk.values[self._slots[name]][row])
 
         cid = value("comm_id")
-        named, sized = (
-            bool(self._present(chunk, "comm_name", at)[0]),
-            bool(self._present(chunk, "n_ranks", at)[0]),
-        )
+        named = bool(self._present(chunk, "comm_name", row))
+        sized = bool(self._present(chunk, "n_ranks", row))
         return (
             int(state.remap[cid]),
             int(state.remap[value("comm_name")]) if named else -1,
@@ -251,7 +238,7 @@ class CollectiveCapture:
         self._files = {}
 
         def join(name: str, dtype: Any) -> np.ndarray:
-            arrays = [p.columns.pop(name) for p in parts]  # the parts' copies go with these
+            arrays = [p.pop(name) for p in parts]  # the parts' copies go with these
             return np.concatenate(arrays) if arrays else np.empty(0, dtype=dtype)
 
         member, func = join("member", np.int32), join("func", np.int32)

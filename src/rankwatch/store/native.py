@@ -288,7 +288,7 @@ class Reader:
         if not handle:
             raise RuntimeError(f"native reader: {err.value.decode(errors='replace')}")
         self._p = ctypes.c_void_p(handle)
-        self._kind = layout.columns[self._column_index("rankwatch", "kind")]
+        self._kind = column_for(layout, "kind")
         self._checks = self._key_checks()
 
     def close(self) -> None:
@@ -301,12 +301,6 @@ class Reader:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-    def _column_index(self, group: str, name: str) -> int:
-        for i, c in enumerate(self.layout.columns):
-            if (c.group, c.name) == (group, name):
-                return i
-        raise KeyError(f"{group}.{name}")
 
     def _key_checks(self) -> tuple[Column, ...]:
         """Columns the DuckDB path requires non-null for a clean op (OP_KEY_COLUMNS
@@ -346,12 +340,12 @@ class Reader:
         is_op = np.array([s in ("coll", "p2p") for s in strings], dtype=bool)
         if not bool(is_op[codes[:rows]].all()):
             return "rankwatch.kind not coll or p2p"
-        seq = self.layout.columns[self._column_index("rankwatch", "seq")]
+        seq = column_for(self.layout, "seq")
         if not all_set(chunk.valid[seq.slot], rows):
             coll = np.array([s == "coll" for s in strings], dtype=bool)[codes[:rows]]
             if bool((coll & ~unpack(chunk.valid[seq.slot], rows)).any()):
                 return "collective without seq"
-        version = self.layout.columns[self._column_index("rankwatch", "schema")]
+        version = column_for(self.layout, "schema_version")
         values = chunk.values[version.slot]
         assert values is not None
         present = values[:rows]
@@ -691,7 +685,8 @@ def load_files(
     `round_rows` rows (a statement appends several times faster than one per
     chunk), calling `between()` after each round (e.g. to compress the tables).
     Returns each file's outcome; the rows of a file with outcome.reject are
-    removed again (it needs the DuckDB path), from `capture` too."""
+    removed again (it needs the DuckDB path). `capture` keeps the collective rows
+    of every file parsed; the caller drops those of the files it does not take."""
     import pyarrow as pa
 
     from rankwatch.store import load
@@ -786,8 +781,4 @@ def load_files(
     if failures:
         raise failures[0]
     load.delete_files(con, "ops", [p for p, o in outcomes.items() if o.reject and o.rows])
-    if capture is not None:
-        for path, outcome in outcomes.items():
-            if outcome.reject:
-                capture.drop(path)
     return outcomes
