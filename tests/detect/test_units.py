@@ -334,6 +334,33 @@ def test_stream_protocol_feed_then_close(slow_run: Path) -> None:
     assert len(stream.detectors) == len(DETECTORS)
 
 
+
+def test_findings_judged_over_a_longer_span_shrink_to_what_is_worth_one(slow_run: Path) -> None:
+    """A live job's Stream that a rebuild replaced is judged, at the end, against the
+    whole job's wall time: the same delays are a smaller share of it, and below
+    min_cost_share of it they are no finding (as `rankwatch analyze` would judge)."""
+    run, _ = _aligned(slow_run)
+    topo = Topology.from_run(run)
+    stream = Stream(topo)
+    for ops, progress, now in windows(run, topo, 4096):
+        stream.feed(ops, progress, now)
+    (own,) = stream.findings()
+    first, last = stream.span_ns
+    assert last - first == pytest.approx(stream.ctx.wall_ns)
+    share = own.evidence["cost"]["share_of_wall"]
+    rel = (first - topo.t0_ns, last - topo.t0_ns)
+    (longer,) = stream.findings_over(rel[0], rel[1] + (last - first))  # twice as long
+    assert longer.evidence["cost"]["share_of_wall"] == pytest.approx(share / 2)
+    assert longer.cost_s == own.cost_s and longer.rank == own.rank
+    cost = own.evidence["cost"]
+    impact_s = max(own.cost_s, cost["alone_s"], own.evidence["own_delay_s"])
+    needed = impact_s * 1e9 / stream.ctx.config.min_cost_share  # the wall it just fills
+    assert stream.findings_over(rel[0], rel[0] + needed * 1.5) == []
+    assert stream.ctx.wall_ns == pytest.approx(last - first)  # the Stream's own span kept
+    assert [f.rank for f in stream.findings()] == [own.rank]
+    stream.retire()  # the records it held go; what it found stays
+    assert [f.rank for f in stream.findings()] == [own.rank]
+
 def test_live_topology_from_comm_records_matches_the_stored_one(slow_run: Path) -> None:
     """A live monitor knows the job from the `comm` state records only."""
     run, _ = _aligned(slow_run)

@@ -110,6 +110,33 @@ class Stream:
         out = [f for d in self.detectors for f in d.findings()]
         return sorted(out, key=_order)
 
+    def findings_over(self, first_ns: float, last_ns: float) -> list[Finding]:
+        """Findings judged against a span at least as long as the one this Stream saw
+        (relative ns of its topology): whether a slowdown was worth a finding, and its
+        share of the wall time, depend on the wall time it is set against. A live job
+        whose Stream a rebuild replaced judges the old one by the whole job's span."""
+        ctx = self.ctx
+        seen = ctx.first_ns, ctx.last_ns
+        ctx.first_ns, ctx.last_ns = min(first_ns, ctx.first_ns), max(last_ns, ctx.last_ns)
+        try:
+            return self.findings()
+        finally:
+            ctx.first_ns, ctx.last_ns = seen
+
+    @property
+    def span_ns(self) -> tuple[float, float]:
+        """(first, last) record time seen, absolute ns on the reference clock (NaN, NaN
+        before any op)."""
+        if not np.isfinite(self.ctx.first_ns):
+            return (np.nan, np.nan)
+        t0 = float(self.topo.t0_ns)
+        return (t0 + self.ctx.first_ns, t0 + self.ctx.last_ns)
+
+    def retire(self) -> None:
+        """Replaced (a live job's rebuild): drop the records it holds; findings stay."""
+        self._clear_learning()
+        self.assembler = Assembler(self.topo, self.ctx.config.evict_ns)
+
     @property
     def total_cost_s(self) -> float:
         return self.ctx.total_cost_ns / 1e9

@@ -13,7 +13,10 @@ Phases:
            SQL (rankwatch.detect.source) into the same Stream. A communicator,
            process or P2P use that the topology lacks makes the job rebuild, after
            `settle_s`: align again over the rolling window of recent records, a
-           new Stream, the window replayed; findings of the old Stream are kept.
+           new Stream, the window replayed. Once the window no longer holds the
+           whole job, the old Stream's findings are kept too, judged (as every
+           Stream's) against the whole job's span so far, the way `rankwatch
+           analyze` judges the stored records.
   ended    every process exited (`exit_grace_s` ago), or its streams closed
            `end_grace_s` ago, or no record came for `idle_end_s`: the Stream is
            closed (as at the end of stored records) and its final findings kept;
@@ -33,7 +36,7 @@ import pyarrow as pa
 
 from rankwatch.detect import Config, Stream, Topology
 from rankwatch.detect.hang import HangDetector
-from rankwatch.detect.robust import nanmax
+from rankwatch.detect.robust import nanmax, nanmin
 from rankwatch.detect.source import read_ops, read_progress
 from rankwatch.detect.topology import comm_key
 from rankwatch.model import BASE_TABLES, Finding, Run
@@ -109,8 +112,8 @@ class LiveJob:
         self.ended_wall: float | None = None
         self.topo: Topology | None = None
         self.stream: Stream | None = None
-        self.final: list[Finding] | None = None
-        self.carried: list[Finding] = []
+        self.retired: list[Stream] = []  # Streams that rebuilds replaced
+        self.carried: list[Finding] = []  # the hang fast lane's, at a rebuild
         self.rebuild_at: float | None = None
         self.rebuilds = 0
         self.procs: dict[PROC, Proc] = {}
@@ -124,6 +127,7 @@ class LiveJob:
         self.traffic = Traffic()
         self.window: deque[tuple[str, pa.Table]] = deque()  # recent batches, oldest first
         self.window_rows = 0
+        self.window_whole = True  # the window still holds every op and progress record
         self.lateness = Lateness()
         self.batches = 0
         self.error: str | None = None
@@ -214,7 +218,7 @@ class LiveJob:
         if self.phase == "warming" and self.procs:
             self._start(force=True)
         if self.stream is not None:
-            self.final = self.stream.close()
+            self.stream.close()
         self.early = None
         if self.phase == "live":  # the shared SQL reads these names; the batch is gone
             self._scan({})
@@ -224,16 +228,20 @@ class LiveJob:
 
     # ------------------------------------------------------------------ views
     def findings(self) -> list[Finding]:
-        """Current findings (final ones once ended), with those carried over rebuilds."""
-        if self.final is not None:
-            current, early = self.final, []
-        else:
-            current = self.stream.findings() if self.stream is not None else []
-            # hangs the main Stream has not reached yet (the fast lane's)
-            early = self.early.findings() if self.early is not None else []
+        """Current findings (final ones once ended), with those of the Streams that
+        rebuilds replaced. Each Stream's are judged against the whole job's span so
+        far: a slowdown costly against the seconds before a rebuild may be noise
+        against the whole job, as `rankwatch analyze` of the files would judge it."""
+        streams = self.retired + ([self.stream] if self.stream is not None else [])
+        spans = np.array([s.span_ns for s in streams]).reshape(-1, 2)
+        first, last = nanmin(spans[:, 0]), nanmax(spans[:, 1])
+        judged = [s.findings_over(first - s.topo.t0_ns, last - s.topo.t0_ns) for s in streams]
+        current = judged.pop() if self.stream is not None else []
+        # hangs the main Stream has not reached yet (the fast lane's)
+        early = self.early.findings() if self.early is not None else []
         seen = {finding_key(f) for f in current}
         out = list(current)
-        for f in early + self.carried:
+        for f in [f for old in reversed(judged) for f in old] + early + self.carried:
             if finding_key(f) not in seen:
                 seen.add(finding_key(f))
                 out.append(f)
@@ -422,7 +430,14 @@ class LiveJob:
 
     def _rebuild(self) -> None:
         """Topology grew: realign over the window, new Stream, replay (see module doc)."""
-        self.carried = self.findings()
+        # The new Stream replays the window; while that is the whole job, the old
+        # Stream's findings are the new one's to make (keeping both would count one
+        # slowdown twice, and judge it on fewer records than `rankwatch analyze` does).
+        if self.stream is not None and not self.window_whole:
+            self.stream.retire()
+            self.retired.append(self.stream)
+        if self.early is not None:
+            self.carried += self.early.findings()
         for t in WINDOW_TABLES:
             self.con.execute(tables.create_sql(t, _columns(t)))
         while self.window:  # the window holds the batch too
@@ -465,6 +480,7 @@ class LiveJob:
         while self.window and self.window_rows > self.cfg.window_ops:
             _, old = self.window.popleft()
             self.window_rows -= old.num_rows
+            self.window_whole = False
 
     def _ended(self, wall: float) -> bool:
         procs = list(self.procs.values())
