@@ -71,10 +71,11 @@ def test_compressing_the_store_changes_nothing_but_its_size(
     sim, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Given one job analysed as is, and once with its tables compressed at every step
+    # (every op row appended to the table: none held as Arrow, see store.held)
     directory = sim("plain")
-    plain = _analysed(directory, EngineSettings())
+    plain = _analysed(directory, EngineSettings(held_bytes=0))
     monkeypatch.setattr(engine, "COMPACT_FRACTION", 0.0)
-    packed = _analysed(directory, EngineSettings())
+    packed = _analysed(directory, EngineSettings(held_bytes=0))
 
     # Then the compressed store's ops are compressed, and the analysis is the same
     def methods(run) -> set[str]:

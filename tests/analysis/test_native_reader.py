@@ -28,9 +28,25 @@ needs_library = pytest.mark.skipif(
 )
 
 
-def _ingest(directory: Path, use_native: bool):
-    settings = EngineSettings(DEFAULT_MEMORY_LIMIT, None, None, native=use_native)
+# op rows held as Arrow (store.held): all (the default budget), none, or part: a
+# budget of 70 % of what the whole job takes (the batches come in either order)
+HELD = ("all", "none", "part")
+
+
+def _ingest(directory: Path, use_native: bool, held: str = "all"):
+    budget = {"all": None, "none": 0}.get(held)
+    if held == "part":
+        budget = int(0.7 * _ingest(directory, use_native).held.nbytes)
+    settings = EngineSettings(
+        DEFAULT_MEMORY_LIMIT, None, None, native=use_native, held_bytes=budget
+    )
     return ingest([directory], progress=False, settings=settings)
+
+
+def held_rows(store) -> tuple[int, int]:
+    """(rows held as Arrow, rows appended to the table) of a store's ops."""
+    held = store.held.table.num_rows if store.held is not None and store.held.table else 0
+    return held, store.count("ops") - held
 
 
 def assert_same_tables(a, b) -> None:
@@ -88,14 +104,25 @@ def test_the_switch_comes_from_the_environment() -> None:
 
 
 @needs_library
+@pytest.mark.parametrize("held", HELD)
 @pytest.mark.parametrize("job", ["plain", "hang", "desync"])
-def test_both_readers_give_identical_tables_on_simulated_jobs(sim, job: str) -> None:
+def test_both_readers_give_identical_tables_on_simulated_jobs(
+    sim, job: str, held: str
+) -> None:
     directory = sim(job)
-    fast = _ingest(directory, use_native=True)
+    fast = _ingest(directory, use_native=True, held=held)
     slow = _ingest(directory, use_native=False)
     assert fast.count("ops") > 0
     assert len(fast.native_files) == len([f for f in fast.files if f.role == "ops"])
     assert_same_tables(fast, slow)
+    kept, appended = held_rows(fast)
+    if held == "all":  # a small job: every row held, `ops` a view over them
+        assert (kept, appended) == (fast.count("ops"), 0)
+    elif held == "none":
+        assert fast.held is None or fast.held.table is None
+    else:  # the budget takes a batch; the rest is appended
+        assert kept > 0 and appended > 0
+        assert fast.held.nbytes <= fast.held.budget
 
 
 @needs_library
@@ -163,8 +190,9 @@ def _reordered(line: str) -> str:
 
 
 @needs_library
+@pytest.mark.parametrize("held", HELD)
 def test_both_readers_give_identical_tables_on_damaged_and_unusual_files(
-    sim, tmp_path: Path
+    sim, tmp_path: Path, held: str
 ) -> None:
     good = first_op_lines(sim("plain"), 40)
     run = tmp_path / "run"
@@ -211,7 +239,7 @@ def test_both_readers_give_identical_tables_on_damaged_and_unusual_files(
         stream.write("\n".join(good) + "\n")
     with gzip.open(run / "m-pid13.log.gz", "wt", encoding="utf-8") as stream:
         stream.write("\n".join(good[:5]) + "\n" + good[5][:200])
-    fast = _ingest(run, use_native=True)
+    fast = _ingest(run, use_native=True, held=held)
     slow = _ingest(run, use_native=False)
     assert_same_tables(fast, slow)
     # the native reader took the unusual but valid files and the plain file whose only
@@ -301,8 +329,9 @@ def _parse_one(
     batch = native.to_arrow(reader.layout, chunk, strings, "x", keys).to_pylist()[0]
     values = {}
     for c in reader.layout.columns:
-        group = batch[c.group]
-        values[(c.group, c.name)] = None if group is None else group[c.name]
+        value = batch[native.flat_name(c.group, c.name)]
+        assert batch[c.group] or value is None  # a field of a missing object is NULL
+        values[(c.group, c.name)] = value
     return True, values
 
 

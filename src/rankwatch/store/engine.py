@@ -63,6 +63,7 @@ class EngineSettings:
     spill_parent: str | None = None  # None: tempfile.gettempdir()
     threads: int | None = None  # None: DuckDB's default
     native: bool = True  # use the native op-record reader when it is installed
+    held_bytes: int | None = None  # op rows held as Arrow (store.held); None: see held_budget
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> EngineSettings:
@@ -148,6 +149,21 @@ def _bytes(setting: str) -> float | None:
         return float(number) * _UNITS[unit.strip().lower() or "bytes"]
     except (ValueError, KeyError):
         return None
+
+
+def limit_bytes(con: Any) -> float | None:
+    """DuckDB's memory limit in bytes (None where it cannot be read)."""
+    return _bytes(str(con.execute("SELECT current_setting('memory_limit')").fetchall()[0][0]))
+
+
+def held_budget(con: Any, settings: EngineSettings) -> int:
+    """Bytes of op rows an in-memory store may hold as Arrow batches (store.held):
+    settings.held_bytes, else COMPACT_FRACTION of the memory limit, the share at
+    which the tables would be compressed anyway."""
+    if settings.held_bytes is not None:
+        return settings.held_bytes
+    limit = limit_bytes(con)
+    return int(COMPACT_FRACTION * limit) if limit is not None else 0
 
 
 def compact(con: Any) -> bool:

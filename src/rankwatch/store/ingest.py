@@ -29,6 +29,7 @@ from rankwatch.store import captured, load, native
 from rankwatch.store.checks import check_op, check_state
 from rankwatch.store.discover import RecordFile
 from rankwatch.store.engine import compact
+from rankwatch.store.held import HeldOps
 from rankwatch.store.lines import clean_file, count_lines
 from rankwatch.store.problems import ProblemLog
 
@@ -135,23 +136,28 @@ def _load_native(
     files: list[RecordFile],
     workers: int,
     capture: captured.CollectiveCapture | None = None,
+    held: HeldOps | None = None,
 ) -> dict[str, native.FileOutcome]:
     """The native reader over the files of rankwatch records (see native.py); the
     outcomes of the files it took whole, or whole but for a truncated last line
-    (`capture` keeps the collective rows of those). Tables are compressed between
-    rounds once they grow large (engine.compact)."""
+    (`capture` keeps the collective rows of those, `held` the first rows as Arrow).
+    Tables are compressed between rounds once they grow large (engine.compact)."""
     mine = [f for f in files if f.format == "rankwatch"]
     if not workers or not mine:
         return {}
-    outcomes = native.load_files(con, mine, workers, between=lambda: compact(con), capture=capture)
+    outcomes = native.load_files(
+        con, mine, workers, between=lambda: compact(con), capture=capture, held=held
+    )
     taken = {}
     for f in mine:
         outcome = outcomes[f.path]
         if outcome.clean or (outcome.truncated_candidate and _last_line_broken(f)):
             taken[f.path] = outcome
             continue
-        if outcome.rows and not outcome.reject:
-            load.delete_files(con, "ops", [f.path])  # it goes through DuckDB's reader
+        if outcome.rows and not outcome.reject:  # it goes through DuckDB's reader
+            load.delete_files(con, "ops", [f.path])
+            if held is not None:
+                held.drop_files([f.path])
         if capture is not None:
             capture.drop(f.path)
     return taken
@@ -164,15 +170,17 @@ def ingest_ops(
     tmpdir: str,
     native_workers: int = 0,
     capture: captured.CollectiveCapture | None = None,
+    held: HeldOps | None = None,
 ) -> tuple[list[str], list[str]]:
     """Load op files; returns the paths that needed the careful reader, and those the
     native reader took.
 
     native_workers > 0: files of rankwatch records go through the native reader
     with that many parsing threads first (their collective rows also kept in
-    `capture`); whatever it does not take whole goes through DuckDB's reader as
-    before. Problems are reported in file order either way."""
-    taken = _load_native(con, files, native_workers, capture)
+    `capture`, their first rows held as Arrow by `held` rather than appended);
+    whatever it does not take whole goes through DuckDB's reader as before.
+    Problems are reported in file order either way."""
+    taken = _load_native(con, files, native_workers, capture, held)
     rest = [f for f in files if f.path not in taken]
     per_file = _load_op_files(con, rest)
     redo = []

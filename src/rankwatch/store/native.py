@@ -41,9 +41,11 @@ import numpy as np
 from rankwatch import nativelib, schema
 from rankwatch.store import captured
 from rankwatch.store.discover import RecordFile
+from rankwatch.store.held import HeldOps
 from rankwatch.store.tables import OP_COLUMNS, OP_GROUP_FIELDS, op_json_columns
 
 LIB_FILENAME = "librankwatch-rwparse.so"
+FIT_SLACK = 1.25  # a chunk whose buffers exceed its rows by more is copied to fit
 CHUNK_ROWS = 1 << 15  # rows per Arrow batch: about 12 MB of column buffers
 MIN_FIRST_ROWS = 256  # ... and at least this many in a file's first (see Reader._first_rows)
 SMALL_RECORD_BYTES = 256  # an op record is about 1.2 KB; shorter ones exist (few fields)
@@ -283,6 +285,7 @@ class Reader:
         self.layout = layout
         self.chunk_rows = chunk_rows
         self._capacity = chunk_rows  # rows the bound chunk holds
+        self._seen_bytes = self._seen_rows = 0  # of the plain files read (record size)
         err = ctypes.create_string_buffer(256)
         handle = lib.rwp_new(layout.spec, err, len(err))
         if not handle:
@@ -375,6 +378,16 @@ class Reader:
         guess = rf.size * (12 if rf.compressed else 1) // SMALL_RECORD_BYTES + 1
         return int(min(self.chunk_rows, max(guess, MIN_FIRST_ROWS)))
 
+    def _rows_for(self, left: int) -> int:
+        """Rows of the next chunk of a plain file with `left` bytes to go: enough for
+        them at the record size this reader has seen (a little over, so that one
+        chunk takes them), at most a full chunk. The batches then fit their rows
+        without a copy (see to_arrow)."""
+        if not self._seen_rows:
+            return self.chunk_rows
+        guess = int(left * 1.02 * self._seen_rows / self._seen_bytes) + MIN_FIRST_ROWS
+        return min(self.chunk_rows, guess)
+
     def _full(self) -> bool:
         return int(self._lib.rwp_rows(self._p)) >= self._capacity
 
@@ -416,7 +429,10 @@ class Reader:
 
     def _chunks(self, rf: RecordFile) -> Iterator[tuple[Chunk, list[str]]]:
         """Full chunks of rf's records, then the last one (maybe empty)."""
-        chunk = self._bind_chunk(self._first_rows(rf))
+        first = self._first_rows(rf)
+        if not rf.compressed and self._seen_rows:
+            first = self._rows_for(rf.size)
+        chunk = self._bind_chunk(first)
         if rf.compressed:
             for addr, length, final, keep in _gzip_blocks(rf.path):
                 pos = 0
@@ -437,7 +453,9 @@ class Reader:
                     if not self._full():
                         break
                     yield self._finish_chunk(chunk)
-                    chunk = self._bind_chunk(self.chunk_rows)
+                    chunk = self._bind_chunk(self._rows_for(mapped.size - pos))
+                self._seen_bytes += pos
+                self._seen_rows += int(self._lib.rwp_lines(self._p))
         yield self._finish_chunk(chunk)
 
 
@@ -543,31 +561,23 @@ def layout() -> Layout:
     return _LAYOUT
 
 
-@functools.lru_cache(maxsize=4)
-def _struct_types(layout: Layout) -> dict[str, Any]:
-    import pyarrow as pa
-
-    arrow = {
-        "i": pa.int64(),
-        "n": pa.int64(),
-        "f": pa.float64(),
-        "b": pa.bool_(),
-        "s": pa.dictionary(pa.int32(), pa.string()),
-    }
-    fields: dict[str, list[Any]] = {g: [] for g in layout.group_slots}
-    for c in layout.columns:
-        fields[c.group].append(pa.field(c.name, arrow[c.code]))
-    return {g: pa.struct(f) for g, f in fields.items() if f}
+def flat_name(group: str, name: str) -> str:
+    """The column of a chunk that holds the record field `group.name`."""
+    return f"{group}.{name}"
 
 
 @functools.lru_cache(maxsize=4)
 def arrow_schema(layout: Layout) -> Any:
-    """The schema of every chunk: the file's path, then one struct per group."""
+    """The schema of every chunk: the file's path and the communicator's comm_key,
+    one BOOLEAN column per group (NULL where the record has no such object, else
+    true), then each field as its own column, named by flat_name()."""
     import pyarrow as pa
 
     text = pa.dictionary(pa.int32(), pa.string())
+    arrow = {"i": pa.int64(), "n": pa.int64(), "f": pa.float64(), "b": pa.bool_(), "s": text}
     columns = [pa.field("source_file", text), pa.field("comm_key", text)]
-    columns += [pa.field(g, t) for g, t in _struct_types(layout).items()]
+    columns += [pa.field(g, pa.bool_()) for g in layout.group_slots]
+    columns += [pa.field(flat_name(c.group, c.name), arrow[c.code]) for c in layout.columns]
     return pa.schema(columns)
 
 
@@ -577,20 +587,40 @@ _ARROW_TYPES: dict[str, Any] = {}
 def to_arrow(
     layout: Layout, chunk: Chunk, strings: list[str], path: str, keys: list[str | None]
 ) -> Any:
-    """The chunk as an Arrow record batch: `source_file`, `comm_key` (`keys`: the
-    comm_key of each string, see comm_keys()), then one struct column per group
-    shaped like the columns DuckDB's JSON reader produces, so that the same SQL
-    projection (load.op_projection) applies to both."""
+    """The chunk as an Arrow record batch of arrow_schema(): `source_file`,
+    `comm_key` (`keys`: the comm_key of each string, see comm_keys()), the groups,
+    then the fields, NULL where their group is (as a field of a missing JSON
+    object reads in SQL). Flat rather than one struct per group, so that a scan
+    converts only the fields it reads; lean_projection() maps it to `ops`."""
     import pyarrow as pa
 
     if not _ARROW_TYPES:
         _ARROW_TYPES.update(i=pa.int64(), n=pa.int64(), f=pa.float64(), b=pa.bool_())
     rows = chunk.rows
+    nbits = (rows + 7) // 8
+    if len(chunk.valid[0]) > FIT_SLACK * nbits:
+        # Buffers sized for a full chunk that a file's first or last chunk seldom
+        # fills: copied to fit, as the batch may be held (store.held) long after.
+        chunk = Chunk(
+            rows,
+            [v if v is None else v[: nbits if v.dtype == np.uint8 else rows].copy()
+             for v in chunk.values],
+            [v[:nbits].copy() for v in chunk.valid],
+        )  # fmt: skip
     dictionary = pa.array(strings, type=pa.string())
-    by_group: dict[str, list[Any]] = {g: [] for g in layout.group_slots}
-    comm_key = None
+    present = {g: chunk.valid[slot] for g, slot in layout.group_slots.items()}
+    partial = {g for g, bits in present.items() if not all_set(bits, rows)}
+    true = pa.py_buffer(np.full((rows + 7) // 8, 0xFF, dtype=np.uint8))
+    groups = [
+        pa.Array.from_buffers(pa.bool_(), rows, [pa.py_buffer(bits), true])
+        for bits in present.values()
+    ]
+    fields, comm_key = [], None
     for c in layout.columns:
-        valid = pa.py_buffer(chunk.valid[c.slot])
+        bits = chunk.valid[c.slot]
+        if c.group in partial:
+            bits = np.bitwise_and(bits, present[c.group])
+        valid = pa.py_buffer(bits)
         values = chunk.values[c.slot]
         assert values is not None
         if c.code == "s":
@@ -602,16 +632,14 @@ def to_arrow(
                 )
         else:
             array = pa.Array.from_buffers(_ARROW_TYPES[c.code], rows, [valid, pa.py_buffer(values)])
-        by_group[c.group].append(array)
+        fields.append(array)
     source = pa.DictionaryArray.from_arrays(
         pa.array(np.zeros(rows, dtype=np.int32)), pa.array([path], type=pa.string())
     )
     assert comm_key is not None
-    columns = [source, comm_key]
-    for group, struct in _struct_types(layout).items():
-        validity = pa.py_buffer(chunk.valid[layout.group_slots[group]])
-        columns.append(pa.Array.from_buffers(struct, rows, [validity], children=by_group[group]))
-    return pa.RecordBatch.from_arrays(columns, schema=arrow_schema(layout))
+    return pa.RecordBatch.from_arrays(
+        [source, comm_key, *groups, *fields], schema=arrow_schema(layout)
+    )
 
 
 # ------------------------------------------------------------------ loading
@@ -679,14 +707,17 @@ def load_files(
     between: Callable[[], object] | None = None,
     round_rows: int = ROUND_ROWS,
     capture: captured.CollectiveCapture | None = None,
+    held: HeldOps | None = None,
 ) -> dict[str, FileOutcome]:
     """Append the records of `files` to `ops`: `workers` threads parse, and INSERT
     statements stream their chunks into DuckDB, one per round of about
     `round_rows` rows (a statement appends several times faster than one per
     chunk), calling `between()` after each round (e.g. to compress the tables).
-    Returns each file's outcome; the rows of a file with outcome.reject are
-    removed again (it needs the DuckDB path). `capture` keeps the collective rows
-    of every file parsed; the caller drops those of the files it does not take."""
+    `held` takes the chunks first, as long as they fit its budget (store.held);
+    only the rest are appended. Returns each file's outcome; the rows of a file
+    with outcome.reject are removed again (it needs the DuckDB path). `capture`
+    keeps the collective rows of every file parsed; the caller drops those of the
+    files it does not take."""
     import pyarrow as pa
 
     from rankwatch.store import load
@@ -757,12 +788,18 @@ def load_files(
                 rows += payload.num_rows
                 yield payload
 
+    def appended() -> Iterator[Any]:
+        """A round's batches that `held` does not take (all of them once it is full)."""
+        for batch in batches():
+            if held is None or not held.take(batch):
+                yield batch
+
     for t in threads:
         t.start()
-    projection = load.op_projection("source_file", lean=True, given={"comm_key": "comm_key"})
+    projection = lean_projection()
     try:
         while running:
-            stream = pa.RecordBatchReader.from_batches(arrow_schema(shape), batches())
+            stream = pa.RecordBatchReader.from_batches(arrow_schema(shape), appended())
             con.register("rankwatch_native_chunks", stream)
             try:
                 con.execute(f"INSERT INTO ops SELECT {projection} FROM rankwatch_native_chunks")
@@ -780,5 +817,18 @@ def load_files(
             t.join()
     if failures:
         raise failures[0]
-    load.delete_files(con, "ops", [p for p, o in outcomes.items() if o.reject and o.rows])
+    rejected = [p for p, o in outcomes.items() if o.reject and o.rows]
+    load.delete_files(con, "ops", rejected)
+    if held is not None:
+        held.drop_files(rejected)
     return outcomes
+
+
+def lean_projection() -> str:
+    """The SELECT list from to_arrow's batches to the columns of `ops`: the lean
+    projection of DuckDB's reader, its `group.field` references naming the flat
+    columns instead."""
+    from rankwatch.store import load
+
+    lean = load.op_projection("source_file", lean=True, given={"comm_key": "comm_key"})
+    return _FIELD_REF.sub(lambda m: '"' + flat_name(m[1], m[2]) + '"', lean)

@@ -15,7 +15,14 @@ from rankwatch.model import BASE_TABLES, Problem, Run
 from rankwatch.store import native, tables
 from rankwatch.store.captured import CollectiveCapture, CollectiveColumns
 from rankwatch.store.discover import RecordFile, Skipped, discover
-from rankwatch.store.engine import EngineSettings, compact, configure, use_compressed_memory
+from rankwatch.store.engine import (
+    EngineSettings,
+    compact,
+    configure,
+    held_budget,
+    use_compressed_memory,
+)
+from rankwatch.store.held import HeldOps
 from rankwatch.store.ingest import (
     derive_inspector_fields,
     ingest_ops,
@@ -43,6 +50,8 @@ class Store:
     # the collective ops' alignment columns, kept by the native reader (see
     # rankwatch.store.captured; rankwatch.align checks they match `ops`)
     collectives_kept: CollectiveColumns | None = None
+    # op rows `ops` reads from Arrow (rankwatch.store.held), kept alive with the store
+    held: HeldOps | None = None
 
     def count(self, table: str) -> int:
         return int(self.con.execute(f"SELECT count(*) FROM {table}").fetchall()[0][0])
@@ -171,21 +180,26 @@ def ingest(
             reporter.step(f"reading {len(ops)} op record file(s)", _query_fraction(con)),
         ):
             workers = settings.native_workers()
-            capture = None
+            capture = held = None
             if workers:
                 slots = native.capture_slots(native.layout())
                 capture = CollectiveCapture(slots, native.load_library())
-            careful, native_files = ingest_ops(con, ops, log, tmpdir, workers, capture)
+                if store_str is None:  # a kept store is written as tables
+                    held = HeldOps(held_budget(con, settings))
+            careful, native_files = ingest_ops(con, ops, log, tmpdir, workers, capture, held)
             compact(con)
         with timed(timings, "state"), reporter.step(f"reading {len(state)} state file(s)"):
             careful += ingest_state(con, state, log, tmpdir)
     derive_inspector_fields(con)
+    if held is not None:  # from here on `ops` is only read
+        held.install(con, native.lean_projection(), [(c, t) for c, t, _, _ in tables.OP_COLUMNS])
     _record_files_table(con, files, log, careful)
     compact(con)
     if store_str is not None:
         with timed(timings, "save"), reporter.step(f"saving the store to {store_str}"):
             con = save(con, store_str, tmp_db, settings)
     store = Store(con, files, skipped, log.problems(), store_str, careful, timings, native_files)
+    store.held = held
     if capture is not None:
         store.collectives_kept = capture.finish()
     return store
