@@ -32,7 +32,12 @@ Settings, read once from the environment by `EngineSettings.from_env()`:
                           forms instead of their kernels (rankwatch.detect.kernels); same
                           results (clock estimates to the rounding of sums), only slower
 
-Besides DuckDB's memory, the native reader keeps the collective ops' alignment
+An in-memory store also holds the first op rows the native reader parses as Arrow
+batches instead of appending them to the table (rankwatch.store.held), up to
+held_budget() (half the memory limit); DuckDB's limit is then lowered by what they
+take, so the two together stay within RANKWATCH_MEMORY_LIMIT.
+
+Besides that, the native reader keeps the collective ops' alignment
 columns (rankwatch.store.captured: 57 bytes per collective op, about 0.57 GB at
 10 M records) until align has used them, and align's compiled passes hold about
 95 MB each (two at a time on two cores): at 10 M records peak RSS was 1.65 to 1.86 GB
@@ -121,6 +126,7 @@ def configure(con: Any, settings: EngineSettings) -> str:
 
 STORE_CATALOG = "rankwatch_store"
 COMPACT_FRACTION = 0.5  # compress once tables take this share of the memory limit
+DUCKDB_FLOOR_BYTES = 384 << 20  # the least DuckDB is left when op rows are held
 _UNITS = {"bytes": 1, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40,
           "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}  # fmt: skip
 
@@ -159,11 +165,14 @@ def limit_bytes(con: Any) -> float | None:
 def held_budget(con: Any, settings: EngineSettings) -> int:
     """Bytes of op rows an in-memory store may hold as Arrow batches (store.held):
     settings.held_bytes, else COMPACT_FRACTION of the memory limit, the share at
-    which the tables would be compressed anyway."""
+    which the tables would be compressed anyway, leaving DuckDB at least
+    DUCKDB_FLOOR_BYTES (under a tight limit nothing is held)."""
     if settings.held_bytes is not None:
         return settings.held_bytes
     limit = limit_bytes(con)
-    return int(COMPACT_FRACTION * limit) if limit is not None else 0
+    if limit is None:
+        return 0
+    return int(max(0.0, min(COMPACT_FRACTION * limit, limit - DUCKDB_FLOOR_BYTES)))
 
 
 def compact(con: Any) -> bool:

@@ -16,7 +16,8 @@ before the view exists, and removing a file's rows reaches the held batches too
 tables.
 
 Memory: the held batches count against the memory limit (RANKWATCH_MEMORY_LIMIT):
-DuckDB's own limit is lowered by what they take (`install`)."""
+DuckDB's own limit is lowered by the budget while they are taken (`reserve`), then
+by what they take (`install`)."""
 
 from __future__ import annotations
 
@@ -35,6 +36,17 @@ class HeldOps:
         self.nbytes = 0
         self.open = self.budget > 0  # still taking batches
         self.table: Any = None  # the pyarrow.Table DuckDB scans, once installed
+        self.limit: float | None = None  # DuckDB's memory limit before reserve()
+
+    def reserve(self, con: Any) -> None:
+        """Lower DuckDB's memory limit by the budget while batches are taken, so that
+        the two together stay within it (install() gives back what was not used)."""
+        from rankwatch.store.engine import limit_bytes
+
+        self.limit = limit_bytes(con)
+        if self.limit is not None and self.budget:
+            self.budget = min(self.budget, int(self.limit / 2))  # DuckDB keeps half
+            _set_limit(con, self.limit - self.budget)
 
     @property
     def rows(self) -> int:
@@ -52,6 +64,15 @@ class HeldOps:
         self.batches.append(batch)
         self.nbytes += size
         return True
+
+    def only(self, column: str, values: tuple[str, ...]) -> bool:
+        """Whether every held row has one of `values` in the dictionary-encoded
+        `column` (no NULL)."""
+        return all(
+            b.column(column).null_count == 0
+            and set(b.column(column).dictionary.to_pylist()) <= set(values)
+            for b in self.batches
+        )
 
     def drop_files(self, paths: list[str]) -> None:
         """Remove the rows of these source files (a file the native reader did not
@@ -77,8 +98,10 @@ class HeldOps:
     def install(self, con: Any, projection: str, columns: list[tuple[str, str]]) -> None:
         """Make `ops` the held rows (through `projection`, cast to the table's
         `columns`: (name, SQL type)) and the appended ones; a no-op when nothing is
-        held. DuckDB's memory limit is lowered by the held bytes, so that the two
-        together stay within it."""
+        held. DuckDB's memory limit becomes the one before reserve() less the held
+        bytes, so that the two together stay within it."""
+        if self.limit is not None:
+            _set_limit(con, self.limit - self.nbytes)
         if not self.batches:
             return
         import pyarrow as pa
@@ -93,15 +116,7 @@ class HeldOps:
             f"CREATE VIEW ops AS SELECT {typed} FROM (SELECT {projection} FROM {HELD_TABLE}) "
             f"UNION ALL SELECT {names} FROM {APPENDED_TABLE}"
         )
-        _lower_memory_limit(con, self.nbytes)
 
 
-def _lower_memory_limit(con: Any, held: int) -> None:
-    from rankwatch.store.engine import limit_bytes
-
-    limit = limit_bytes(con)
-    if limit is None:
-        return
-    # held is at most half the limit (engine.held_budget); DuckDB keeps the rest
-    rest = int(max(limit - held, limit / 2))
-    con.execute(f"SET memory_limit = '{rest}B'")
+def _set_limit(con: Any, limit: float) -> None:
+    con.execute(f"SET memory_limit = '{int(limit)}B'")

@@ -824,11 +824,18 @@ def load_files(
     return outcomes
 
 
-def lean_projection() -> str:
+KIND_FIELD = ("rankwatch", "kind")
+
+
+def lean_projection(op_kinds_only: bool = False) -> str:
     """The SELECT list from to_arrow's batches to the columns of `ops`: the lean
     projection of DuckDB's reader, its `group.field` references naming the flat
-    columns instead."""
+    columns instead. op_kinds_only: every row's kind field is an op kind, so
+    `kind` is that field as it is (a filter on it then reaches the scan)."""
     from rankwatch.store import load
 
-    lean = load.op_projection("source_file", lean=True, given={"comm_key": "comm_key"})
+    given = {"comm_key": "comm_key"}
+    if op_kinds_only:
+        given["kind"] = ".".join(KIND_FIELD)
+    lean = load.op_projection("source_file", lean=True, given=given)
     return _FIELD_REF.sub(lambda m: '"' + flat_name(m[1], m[2]) + '"', lean)

@@ -186,13 +186,16 @@ def ingest(
                 capture = CollectiveCapture(slots, native.load_library())
                 if store_str is None:  # a kept store is written as tables
                     held = HeldOps(held_budget(con, settings))
+                    held.reserve(con)
             careful, native_files = ingest_ops(con, ops, log, tmpdir, workers, capture, held)
             compact(con)
         with timed(timings, "state"), reporter.step(f"reading {len(state)} state file(s)"):
             careful += ingest_state(con, state, log, tmpdir)
     derive_inspector_fields(con)
     if held is not None:  # from here on `ops` is only read
-        held.install(con, native.lean_projection(), [(c, t) for c, t, _, _ in tables.OP_COLUMNS])
+        kinds_only = held.only(native.flat_name(*native.KIND_FIELD), tables.OP_KINDS)
+        columns = [(c, t) for c, t, _, _ in tables.OP_COLUMNS]
+        held.install(con, native.lean_projection(kinds_only), columns)
     _record_files_table(con, files, log, careful)
     compact(con)
     if store_str is not None:
