@@ -28,13 +28,15 @@ needs_library = pytest.mark.skipif(
 )
 
 
-# op rows held as Arrow (store.held): all (the default budget), none, or part: a
-# budget of 70 % of what the whole job takes (the batches come in either order)
-HELD = ("all", "none", "part")
+# where the native reader's op rows go (store.held): all held as Arrow (the default
+# budget); none (appended to the table, as in a kept store); part: a budget of 70 %
+# of what the whole job takes (the batches come in either order), the rest spilled to
+# Parquet; spilled: a budget too small for a batch
+HELD = ("all", "none", "part", "spilled")
 
 
 def _ingest(directory: Path, use_native: bool, held: str = "all"):
-    budget = {"all": None, "none": 0}.get(held)
+    budget = {"all": None, "none": 0, "spilled": 1}.get(held)
     if held == "part":
         budget = int(0.7 * _ingest(directory, use_native).held.nbytes)
     settings = EngineSettings(
@@ -43,10 +45,12 @@ def _ingest(directory: Path, use_native: bool, held: str = "all"):
     return ingest([directory], progress=False, settings=settings)
 
 
-def held_rows(store) -> tuple[int, int]:
-    """(rows held as Arrow, rows appended to the table) of a store's ops."""
-    held = store.held.table.num_rows if store.held is not None and store.held.table else 0
-    return held, store.count("ops") - held
+def held_rows(store) -> tuple[int, int, int]:
+    """(rows held as Arrow, rows spilled to Parquet, rows in the table) of a store's ops."""
+    h = store.held
+    held = h.table.num_rows if h is not None and h.table is not None else 0
+    spilled = h.spilled_rows if h is not None else 0
+    return held, spilled, store.count("ops") - held - spilled
 
 
 def assert_same_tables(a, b) -> None:
@@ -115,14 +119,18 @@ def test_both_readers_give_identical_tables_on_simulated_jobs(
     assert fast.count("ops") > 0
     assert len(fast.native_files) == len([f for f in fast.files if f.role == "ops"])
     assert_same_tables(fast, slow)
-    kept, appended = held_rows(fast)
+    kept, spilled, appended = held_rows(fast)
+    n = fast.count("ops")
     if held == "all":  # a small job: every row held, `ops` a view over them
-        assert (kept, appended) == (fast.count("ops"), 0)
+        assert (kept, spilled, appended) == (n, 0, 0)
     elif held == "none":
-        assert fast.held is None or fast.held.table is None
-    else:  # the budget takes a batch; the rest is appended
-        assert kept > 0 and appended > 0
+        assert fast.held is None and appended == n
+    elif held == "part":  # the budget takes a batch; the rest is spilled
+        assert kept > 0 and spilled > 0 and appended == 0
         assert fast.held.nbytes <= fast.held.budget
+    else:
+        assert (kept, spilled, appended) == (0, n, 0)
+        assert len(fast.held.files) >= 1
 
 
 @needs_library
@@ -406,3 +414,41 @@ def test_mangled_lines_never_crash_the_parser_under_sanitizers(sim, tmp_path: Pa
     seeds.write_text("\n".join(first_op_lines(sim("plain"), 40) + p2p + unusual) + "\n")
     for seed in (1, 2):
         run_sanitized(binary, str(spec), str(seeds), "15000", str(seed))
+
+
+@needs_library
+def test_dropping_files_removes_their_rows_from_held_batches_and_parquet_files(
+    sim, tmp_path: Path
+) -> None:
+    """A file the native reader does not take after all goes through DuckDB's reader:
+    its rows leave the held batches and the Parquet files it was spilled to."""
+    import duckdb
+
+    from rankwatch.store import tables
+    from rankwatch.store.discover import discover
+    from rankwatch.store.held import HeldOps
+
+    files = [f for f in discover([sim("plain")])[0] if f.role == "ops"]
+    con = duckdb.connect()
+    tables.create_all(con)
+    columns = [(c, t) for c, t, _, _ in OP_COLUMNS]
+    budget = int(0.7 * _ingest(sim("plain"), True).held.nbytes)  # one batch of two
+    held = HeldOps(budget, columns, str(tmp_path))
+    native.load_files(con, files, 2, held=held)
+    assert len(held.batches) == 1 and len(held.files) == 1
+    in_batch = sorted(held.batches[0].column(0).dictionary.to_pylist())
+    in_file = sorted(
+        r[0] for r in con.execute(f"SELECT DISTINCT source_file FROM '{held.files[0]}'").fetchall()
+    )
+    before = dict(con.execute(
+        f"SELECT source_file, count(*) FROM '{held.files[0]}' GROUP BY ALL"
+    ).fetchall())  # fmt: skip
+    gone = [in_batch[0], in_file[-1]]
+    spilled = held.spilled_rows
+    held.drop_files(con, gone)
+    held.install(con, native.lean_projection())
+    counts = dict(con.execute("SELECT source_file, count(*) FROM ops GROUP BY ALL").fetchall())
+    assert not set(gone) & set(counts)
+    assert set(counts) == (set(in_batch) | set(in_file)) - set(gone)
+    assert held.spilled_rows == spilled - before[in_file[-1]]
+    assert sum(counts.values()) == held.table.num_rows + held.spilled_rows

@@ -68,7 +68,9 @@ class EngineSettings:
     spill_parent: str | None = None  # None: tempfile.gettempdir()
     threads: int | None = None  # None: DuckDB's default
     native: bool = True  # use the native op-record reader when it is installed
-    held_bytes: int | None = None  # op rows held as Arrow (store.held); None: see held_budget
+    # op rows held as Arrow (store.held); None: see held_budget; 0: all appended to the
+    # table (as in a kept store, and under a tight limit)
+    held_bytes: int | None = None
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> EngineSettings:
@@ -166,7 +168,8 @@ def held_budget(con: Any, settings: EngineSettings) -> int:
     """Bytes of op rows an in-memory store may hold as Arrow batches (store.held):
     settings.held_bytes, else COMPACT_FRACTION of the memory limit, the share at
     which the tables would be compressed anyway, leaving DuckDB at least
-    DUCKDB_FLOOR_BYTES (under a tight limit nothing is held)."""
+    DUCKDB_FLOOR_BYTES (under a tight limit nothing is held, and the op rows are
+    appended to the table instead of going to Parquet files)."""
     if settings.held_bytes is not None:
         return settings.held_bytes
     limit = limit_bytes(con)

@@ -1,42 +1,59 @@
-"""Op rows the native reader parsed, held as Arrow batches instead of appended to
-DuckDB's `ops` table, up to a memory budget.
+"""Op rows the native reader parsed, kept outside DuckDB's `ops` table: in memory
+as Arrow batches up to a budget, the rest written to uncompressed Parquet files.
 
 Appending a row to a DuckDB table costs about as much as parsing it (1.5 CPU s per
-million 43-column op rows, bench/RESULTS.md section 4), while DuckDB scans Arrow
-batches in memory as fast as its own uncompressed table. So an in-memory store
-keeps the first op rows the native reader parses as the Arrow batches it made
-(`rankwatch.store.native.to_arrow`), until they take `budget` bytes; rows past the
-budget are appended to the table as before (compressed once it grows, see
-engine.compact). `install()` then renames the table to `ops_appended` and makes
-`ops` a view: the held batches, through the same projection the append uses, and
-the appended rows. Everything after ingest only reads `ops`; ingest's own
-changes to it (removing a file's rows, numbering Inspector P2P records) happen
-before the view exists, and removing a file's rows reaches the held batches too
-(`drop_files`). A store kept with `--store` holds nothing: it is written as
-tables.
+million 43-column op rows), and once the tables pass half the memory limit they
+are compressed at about 2.6 s per million more (bench/RESULTS.md section 4).
+DuckDB scans Arrow batches in memory, and uncompressed Parquet files, about as
+fast as its own table. So an in-memory store keeps the first op rows the native
+reader parses as the Arrow batches it made (`rankwatch.store.native.to_arrow`),
+until they take `budget` bytes, and DuckDB writes the rest, round by round, to
+Parquet files in a private directory (`spill`): with the table's column types,
+and no compression, which would cost more than it saves when the files are read
+back from the page cache. `install()` then renames the table (the rows of the
+other readers) to `ops_appended` and makes `ops` a view of all three.
+Everything after ingest only reads `ops`; ingest's own changes to it (removing
+a file's rows, numbering Inspector P2P records) happen before the view exists,
+and removing a file's rows reaches the batches and files too (`drop_files`). A
+store kept with `--store` holds nothing: it is written as tables.
 
 Memory: the held batches count against the memory limit (RANKWATCH_MEMORY_LIMIT):
 DuckDB's own limit is lowered by the budget while they are taken (`reserve`), then
-by what they take (`install`)."""
+by what they take (`install`). The Parquet files are on disk (the spill
+directory's parent, RANKWATCH_SPILL_DIR), about 100 MB per million op records,
+removed when the process exits."""
 
 from __future__ import annotations
 
+import atexit
+import itertools
+import os
+import shutil
 from typing import Any
 
 HELD_TABLE = "ops_held_batches"  # the Arrow table, as DuckDB sees it
-APPENDED_TABLE = "ops_appended"  # the rows past the budget, and the other readers'
+APPENDED_TABLE = "ops_appended"  # the rows of the other readers
+SPILL_STREAM = "rankwatch_spill_chunks"
+_counter = itertools.count()
 
 
 class HeldOps:
     """See module doc. Not thread-safe: only the inserting thread uses it."""
 
-    def __init__(self, budget: int) -> None:
+    def __init__(
+        self, budget: int, columns: list[tuple[str, str]], spill_parent: str | None
+    ) -> None:
         self.budget = max(0, int(budget))
+        self.columns = columns  # (name, SQL type) of `ops`
+        self.spill_parent = spill_parent
         self.batches: list[Any] = []  # pyarrow.RecordBatch
         self.nbytes = 0
         self.open = self.budget > 0  # still taking batches
         self.table: Any = None  # the pyarrow.Table DuckDB scans, once installed
         self.limit: float | None = None  # DuckDB's memory limit before reserve()
+        self.files: list[str] = []  # Parquet files written
+        self.spilled_rows = 0
+        self._directory: str | None = None
 
     def reserve(self, con: Any) -> None:
         """Lower DuckDB's memory limit by the budget while batches are taken, so that
@@ -48,13 +65,9 @@ class HeldOps:
             self.budget = min(self.budget, int(self.limit / 2))  # DuckDB keeps half
             _set_limit(con, self.limit - self.budget)
 
-    @property
-    def rows(self) -> int:
-        return sum(b.num_rows for b in self.batches)
-
     def take(self, batch: Any) -> bool:
         """Hold `batch`; False (and closed for good) once it does not fit the budget,
-        so that the caller appends it and every later one."""
+        so that the caller spills it and every later one."""
         if not self.open:
             return False
         size = batch.get_total_buffer_size()
@@ -65,6 +78,25 @@ class HeldOps:
         self.nbytes += size
         return True
 
+    def spill(self, con: Any, stream: Any, projection: str) -> None:
+        """Write the batches of `stream` (a pyarrow RecordBatchReader of to_arrow's
+        batches) through `projection`, cast to the table's types, to a new Parquet
+        file."""
+        path = os.path.join(self._spill_directory(), f"ops-{len(self.files):05d}.parquet")
+        con.register(SPILL_STREAM, stream)
+        try:
+            rows = con.execute(
+                f"COPY (SELECT {self._typed()} FROM (SELECT {projection} FROM {SPILL_STREAM})) "
+                f"TO '{_sql_text(path)}' (FORMAT parquet, COMPRESSION uncompressed)"
+            ).fetchall()[0][0]
+        finally:
+            con.unregister(SPILL_STREAM)
+        if rows:
+            self.files.append(path)
+            self.spilled_rows += int(rows)
+        else:
+            os.unlink(path)
+
     def only(self, column: str, values: tuple[str, ...]) -> bool:
         """Whether every held row has one of `values` in the dictionary-encoded
         `column` (no NULL)."""
@@ -74,10 +106,30 @@ class HeldOps:
             for b in self.batches
         )
 
-    def drop_files(self, paths: list[str]) -> None:
+    def drop_files(self, con: Any, paths: list[str]) -> None:
         """Remove the rows of these source files (a file the native reader did not
-        take goes through DuckDB's reader instead)."""
-        if not paths or not self.batches:
+        take goes through DuckDB's reader instead): from the held batches, and from
+        the Parquet files, rewritten without them."""
+        if not paths:
+            return
+        self._drop_held(paths)
+        listed = ", ".join(f"'{_sql_text(p)}'" for p in sorted(set(paths)))
+        for path in list(self.files):
+            where = f"FROM read_parquet('{_sql_text(path)}') WHERE source_file IN ({listed})"
+            gone = int(con.execute(f"SELECT count(*) {where}").fetchall()[0][0])
+            if not gone:
+                continue
+            rest = f"{path}.rest"
+            con.execute(
+                f"COPY (SELECT * FROM read_parquet('{_sql_text(path)}') WHERE source_file "
+                f"NOT IN ({listed})) TO '{_sql_text(rest)}' (FORMAT parquet, COMPRESSION "
+                "uncompressed)"
+            )
+            os.replace(rest, path)
+            self.spilled_rows -= gone
+
+    def _drop_held(self, paths: list[str]) -> None:
+        if not self.batches:
             return
         import pyarrow as pa
         import pyarrow.compute as pc
@@ -95,28 +147,49 @@ class HeldOps:
         self.batches = kept
         self.nbytes = sum(b.get_total_buffer_size() for b in kept)
 
-    def install(self, con: Any, projection: str, columns: list[tuple[str, str]]) -> None:
+    def install(self, con: Any, projection: str) -> None:
         """Make `ops` the held rows (through `projection`, cast to the table's
-        `columns`: (name, SQL type)) and the appended ones; a no-op when nothing is
-        held. DuckDB's memory limit becomes the one before reserve() less the held
+        types), the spilled ones and the appended ones; a no-op when there are
+        none. DuckDB's memory limit becomes the one before reserve() less the held
         bytes, so that the two together stay within it."""
         if self.limit is not None:
             _set_limit(con, self.limit - self.nbytes)
-        if not self.batches:
+        if not self.batches and not self.files:
             return
         import pyarrow as pa
 
-        self.table = pa.Table.from_batches(self.batches)
-        self.batches = []  # the table holds the same buffers
-        con.register(HELD_TABLE, self.table)
-        typed = ", ".join(f'CAST("{c}" AS {t}) AS "{c}"' for c, t in columns)
-        names = ", ".join(f'"{c}"' for c, _ in columns)
+        names = ", ".join(f'"{c}"' for c, _ in self.columns)
+        parts = [f"SELECT {names} FROM {APPENDED_TABLE}"]
+        if self.files:
+            listed = ", ".join(f"'{_sql_text(p)}'" for p in self.files)
+            parts.append(f"SELECT {names} FROM read_parquet([{listed}])")
+        if self.batches:
+            self.table = pa.Table.from_batches(self.batches)
+            self.batches = []  # the table holds the same buffers
+            con.register(HELD_TABLE, self.table)
+            parts.append(f"SELECT {self._typed()} FROM (SELECT {projection} FROM {HELD_TABLE})")
         con.execute(f"ALTER TABLE ops RENAME TO {APPENDED_TABLE}")
-        con.execute(
-            f"CREATE VIEW ops AS SELECT {typed} FROM (SELECT {projection} FROM {HELD_TABLE}) "
-            f"UNION ALL SELECT {names} FROM {APPENDED_TABLE}"
-        )
+        con.execute(f"CREATE VIEW ops AS {' UNION ALL '.join(reversed(parts))}")
+
+    def _typed(self) -> str:
+        return ", ".join(f'CAST("{c}" AS {t}) AS "{c}"' for c, t in self.columns)
+
+    def _spill_directory(self) -> str:
+        """A private directory for the Parquet files, removed at exit."""
+        if self._directory is None:
+            import tempfile
+
+            parent = self.spill_parent or tempfile.gettempdir()
+            path = os.path.join(parent, f"rankwatch-ops-{os.getpid()}-{next(_counter)}")
+            os.makedirs(path)
+            atexit.register(shutil.rmtree, path, True)
+            self._directory = path
+        return self._directory
 
 
 def _set_limit(con: Any, limit: float) -> None:
     con.execute(f"SET memory_limit = '{int(limit)}B'")
+
+
+def _sql_text(text: str) -> str:
+    return text.replace("'", "''")

@@ -140,7 +140,7 @@ def _load_native(
 ) -> dict[str, native.FileOutcome]:
     """The native reader over the files of rankwatch records (see native.py); the
     outcomes of the files it took whole, or whole but for a truncated last line
-    (`capture` keeps the collective rows of those, `held` the first rows as Arrow).
+    (`capture` keeps the collective rows of those, `held` their rows outside the table).
     Tables are compressed between rounds once they grow large (engine.compact)."""
     mine = [f for f in files if f.format == "rankwatch"]
     if not workers or not mine:
@@ -157,7 +157,7 @@ def _load_native(
         if outcome.rows and not outcome.reject:  # it goes through DuckDB's reader
             load.delete_files(con, "ops", [f.path])
             if held is not None:
-                held.drop_files([f.path])
+                held.drop_files(con, [f.path])
         if capture is not None:
             capture.drop(f.path)
     return taken
@@ -177,7 +177,7 @@ def ingest_ops(
 
     native_workers > 0: files of rankwatch records go through the native reader
     with that many parsing threads first (their collective rows also kept in
-    `capture`, their first rows held as Arrow by `held` rather than appended);
+    `capture`, their rows kept by `held` rather than appended);
     whatever it does not take whole goes through DuckDB's reader as before.
     Problems are reported in file order either way."""
     taken = _load_native(con, files, native_workers, capture, held)

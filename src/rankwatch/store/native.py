@@ -713,11 +713,11 @@ def load_files(
     statements stream their chunks into DuckDB, one per round of about
     `round_rows` rows (a statement appends several times faster than one per
     chunk), calling `between()` after each round (e.g. to compress the tables).
-    `held` takes the chunks first, as long as they fit its budget (store.held);
-    only the rest are appended. Returns each file's outcome; the rows of a file
-    with outcome.reject are removed again (it needs the DuckDB path). `capture`
-    keeps the collective rows of every file parsed; the caller drops those of the
-    files it does not take."""
+    `held` takes the chunks instead (store.held): it holds them as long as they
+    fit its budget and writes the rest to Parquet files, appending none. Returns
+    each file's outcome; the rows of a file with outcome.reject are removed again
+    (it needs the DuckDB path). `capture` keeps the collective rows of every file
+    parsed; the caller drops those of the files it does not take."""
     import pyarrow as pa
 
     from rankwatch.store import load
@@ -789,7 +789,7 @@ def load_files(
                 yield payload
 
     def appended() -> Iterator[Any]:
-        """A round's batches that `held` does not take (all of them once it is full)."""
+        """A round's batches that `held` does not hold (all of them once it is full)."""
         for batch in batches():
             if held is None or not held.take(batch):
                 yield batch
@@ -800,6 +800,9 @@ def load_files(
     try:
         while running:
             stream = pa.RecordBatchReader.from_batches(arrow_schema(shape), appended())
+            if held is not None:
+                held.spill(con, stream, projection)
+                continue
             con.register("rankwatch_native_chunks", stream)
             try:
                 con.execute(f"INSERT INTO ops SELECT {projection} FROM rankwatch_native_chunks")
@@ -820,7 +823,7 @@ def load_files(
     rejected = [p for p, o in outcomes.items() if o.reject and o.rows]
     load.delete_files(con, "ops", rejected)
     if held is not None:
-        held.drop_files(rejected)
+        held.drop_files(con, rejected)
     return outcomes
 
 

@@ -184,8 +184,10 @@ def ingest(
             if workers:
                 slots = native.capture_slots(native.layout())
                 capture = CollectiveCapture(slots, native.load_library())
-                if store_str is None:  # a kept store is written as tables
-                    held = HeldOps(held_budget(con, settings))
+                budget = held_budget(con, settings)
+                if store_str is None and budget:  # a kept store is written as tables
+                    columns = [(c, t) for c, t, _, _ in tables.OP_COLUMNS]
+                    held = HeldOps(budget, columns, settings.spill_parent)
                     held.reserve(con)
             careful, native_files = ingest_ops(con, ops, log, tmpdir, workers, capture, held)
             compact(con)
@@ -194,8 +196,7 @@ def ingest(
     derive_inspector_fields(con)
     if held is not None:  # from here on `ops` is only read
         kinds_only = held.only(native.flat_name(*native.KIND_FIELD), tables.OP_KINDS)
-        columns = [(c, t) for c, t, _, _ in tables.OP_COLUMNS]
-        held.install(con, native.lean_projection(kinds_only), columns)
+        held.install(con, native.lean_projection(kinds_only))
     _record_files_table(con, files, log, careful)
     compact(con)
     if store_str is not None:
