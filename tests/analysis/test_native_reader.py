@@ -452,3 +452,17 @@ def test_dropping_files_removes_their_rows_from_held_batches_and_parquet_files(
     assert set(counts) == (set(in_batch) | set(in_file)) - set(gone)
     assert held.spilled_rows == spilled - before[in_file[-1]]
     assert sum(counts.values()) == held.table.num_rows + held.spilled_rows
+
+
+@needs_library
+def test_parquet_files_of_spilled_rows_go_with_their_connection(sim, tmp_path: Path) -> None:
+    import gc
+
+    settings = EngineSettings(spill_parent=str(tmp_path), held_bytes=1)  # all spilled
+    store = ingest([sim("plain")], progress=False, settings=settings)
+    (directory,) = {Path(f).parent for f in store.held.files}
+    assert directory.parent == tmp_path and store.count("ops") == store.held.spilled_rows
+    store.con.close()
+    del store
+    gc.collect()
+    assert not directory.exists()

@@ -12,10 +12,16 @@ directory, and removed when the connection closes or the process exits.
 
 An in-memory store keeps its tables in an in-memory database that DuckDB
 compresses at a checkpoint, and compact() checkpoints it once the tables take
-half the memory limit (ingest calls it as records arrive): 10 M op records then
-take about 0.5 GB instead of 3.4 GB, so queries over them run from memory
-instead of reading spilled blocks back (align at 10 M: 37 instead of 79 CPU
-seconds, for about 2 CPU seconds of compression per million records).
+half the memory limit (ingest calls it as records arrive): 10 M op records
+appended to the table then take about 0.5 GB instead of 3.4 GB, so queries over
+them run from memory instead of reading spilled blocks back (align at 10 M: 37
+instead of 79 CPU seconds, for about 2 CPU seconds of compression per million
+records). The op rows the native reader parses skip the table altogether
+(rankwatch.store.held): the first ones are held as Arrow batches, up to
+held_budget() (half the memory limit, DuckDB's own limit lowered by what they
+take, so the two together stay within RANKWATCH_MEMORY_LIMIT), and the rest are
+written to uncompressed Parquet files; `ops` is then a view over them and the
+table (rows of Inspector logs and of files the native reader did not take).
 
 Settings, read once from the environment by `EngineSettings.from_env()`:
 
@@ -32,16 +38,11 @@ Settings, read once from the environment by `EngineSettings.from_env()`:
                           forms instead of their kernels (rankwatch.detect.kernels); same
                           results (clock estimates to the rounding of sums), only slower
 
-An in-memory store also holds the first op rows the native reader parses as Arrow
-batches instead of appending them to the table (rankwatch.store.held), up to
-held_budget() (half the memory limit); DuckDB's limit is then lowered by what they
-take, so the two together stay within RANKWATCH_MEMORY_LIMIT.
-
-Besides that, the native reader keeps the collective ops' alignment
-columns (rankwatch.store.captured: 57 bytes per collective op, about 0.57 GB at
-10 M records) until align has used them, and align's compiled passes hold about
-95 MB each (two at a time on two cores): at 10 M records peak RSS was 1.65 to 1.86 GB
-with the default 1 GB limit (bench/RESULTS.md section 4).
+Besides that, the native reader keeps the collective ops' alignment columns
+(rankwatch.store.captured: 57 bytes per collective op, about 0.57 GB at 10 M
+records) until align has used them, and align's compiled passes hold about 95 MB
+each (two at a time on two cores): at 10 M records peak RSS was 1.56 GB with the
+default 1 GB limit (bench/RESULTS.md section 4).
 """
 
 from __future__ import annotations

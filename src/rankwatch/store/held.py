@@ -21,14 +21,14 @@ Memory: the held batches count against the memory limit (RANKWATCH_MEMORY_LIMIT)
 DuckDB's own limit is lowered by the budget while they are taken (`reserve`), then
 by what they take (`install`). The Parquet files are on disk (the spill
 directory's parent, RANKWATCH_SPILL_DIR), about 100 MB per million op records,
-removed when the process exits."""
+removed with the connection (or when the process exits)."""
 
 from __future__ import annotations
 
-import atexit
 import itertools
 import os
 import shutil
+import weakref
 from typing import Any
 
 HELD_TABLE = "ops_held_batches"  # the Arrow table, as DuckDB sees it
@@ -82,7 +82,7 @@ class HeldOps:
         """Write the batches of `stream` (a pyarrow RecordBatchReader of to_arrow's
         batches) through `projection`, cast to the table's types, to a new Parquet
         file."""
-        path = os.path.join(self._spill_directory(), f"ops-{len(self.files):05d}.parquet")
+        path = os.path.join(self._spill_directory(con), f"ops-{len(self.files):05d}.parquet")
         con.register(SPILL_STREAM, stream)
         try:
             rows = con.execute(
@@ -174,15 +174,16 @@ class HeldOps:
     def _typed(self) -> str:
         return ", ".join(f'CAST("{c}" AS {t}) AS "{c}"' for c, t in self.columns)
 
-    def _spill_directory(self) -> str:
-        """A private directory for the Parquet files, removed at exit."""
+    def _spill_directory(self, con: Any) -> str:
+        """A private directory for the Parquet files, removed with the connection
+        whose `ops` reads them (or at exit)."""
         if self._directory is None:
             import tempfile
 
             parent = self.spill_parent or tempfile.gettempdir()
             path = os.path.join(parent, f"rankwatch-ops-{os.getpid()}-{next(_counter)}")
             os.makedirs(path)
-            atexit.register(shutil.rmtree, path, True)
+            weakref.finalize(con, shutil.rmtree, path, True)
             self._directory = path
         return self._directory
 
