@@ -240,6 +240,10 @@ def test_both_readers_give_identical_tables_on_damaged_and_unusual_files(
     huge["rankwatch"]["count"] = 2**70
     write_lines(run / "j-pid10.log", [json.dumps(huge)])
     write_lines(run / "k-pid11.log", [good[6].replace('"comm_name":"', '"comm_name":"\\ud800', 1)])
+    # a P2P op without seq: numbered per pair by ingest, as the DuckDB path's are
+    unnumbered = json.loads(good[8])
+    unnumbered["rankwatch"].update(kind="p2p", func="Send", peer=1, seq=None)
+    write_lines(run / "o-pid15.log", [json.dumps(unnumbered)] + good[9:12])
     odd_id = json.loads(good[7])
     odd_id["header"]["id"] = "0xÉ0İ0ABcd"
     write_lines(run / "n-pid14.log", [json.dumps(odd_id, ensure_ascii=False)])

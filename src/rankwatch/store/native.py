@@ -343,11 +343,10 @@ class Reader:
         is_op = np.array([s in ("coll", "p2p") for s in strings], dtype=bool)
         if not bool(is_op[codes[:rows]].all()):
             return "rankwatch.kind not coll or p2p"
-        seq = column_for(self.layout, "seq")
-        if not all_set(chunk.valid[seq.slot], rows):
-            coll = np.array([s == "coll" for s in strings], dtype=bool)[codes[:rows]]
-            if bool((coll & ~unpack(chunk.valid[seq.slot], rows)).any()):
-                return "collective without seq"
+        if not all_set(chunk.valid[column_for(self.layout, "seq").slot], rows):
+            # a P2P op without one is numbered per pair by ingest, in the table
+            # (ingest.derive_inspector_fields); a collective without one is broken
+            return "op without seq"
         version = column_for(self.layout, "schema_version")
         values = chunk.values[version.slot]
         assert values is not None
