@@ -14,8 +14,11 @@ from rankwatch.model import Run
 
 P2P_PAIRS_SQL = """
 CREATE OR REPLACE TABLE p2p_pairs AS
-WITH s AS (SELECT * FROM ops_aligned WHERE kind = 'p2p' AND func = 'Send'),
-     r AS (SELECT * FROM ops_aligned WHERE kind = 'p2p' AND func = 'Recv')
+WITH p AS (SELECT func, comm_key, comm_name, rank, peer, seq, world_rank, host, msg_bytes,
+                  arrival_c, gpu_start_c, gpu_end_c, gpu_start_ns, gpu_end_ns, clock_bound_ns
+           FROM ops_aligned WHERE kind = 'p2p'),  -- only what is read: ops may be a view
+     s AS (SELECT * FROM p WHERE func = 'Send'),
+     r AS (SELECT * FROM p WHERE func = 'Recv')
 SELECT s.comm_key, max(s.comm_name) OVER (PARTITION BY s.comm_key) AS comm_name,
        s.rank AS sender, r.rank AS receiver, s.seq,
        s.world_rank AS sender_world_rank, r.world_rank AS receiver_world_rank,
@@ -36,10 +39,11 @@ FROM s JOIN r ON s.comm_key = r.comm_key AND s.peer = r.rank AND r.peer = s.rank
 """
 
 UNMATCHED_SQL = """
-SELECT count(*) FROM ops_aligned o
-WHERE o.kind = 'p2p' AND NOT EXISTS (
-    SELECT 1 FROM ops_aligned q
-    WHERE q.kind = 'p2p' AND q.comm_key = o.comm_key AND q.rank = o.peer AND q.peer = o.rank
+WITH p AS (SELECT comm_key, rank, peer, seq, func FROM ops_aligned WHERE kind = 'p2p')
+SELECT count(*) FROM p o
+WHERE NOT EXISTS (
+    SELECT 1 FROM p q
+    WHERE q.comm_key = o.comm_key AND q.rank = o.peer AND q.peer = o.rank
       AND q.seq = o.seq AND q.func <> o.func)
 """
 
