@@ -470,3 +470,24 @@ def test_parquet_files_of_spilled_rows_go_with_their_connection(sim, tmp_path: P
     del store
     gc.collect()
     assert not directory.exists()
+
+
+def test_held_rows_of_op_kinds_only_are_told_by_the_codes_they_use() -> None:
+    """A batch's string dictionary is its file's whole string table (host names,
+    functions...): whether `ops.kind` may be read as it is depends on the codes the
+    kind column uses."""
+    import pyarrow as pa
+
+    from rankwatch.store.held import HeldOps
+
+    table = pa.array(["coll", "node-a", "p2p", "AllReduce", "dump_stats"])
+
+    def held_with(codes: list[int | None]) -> HeldOps:
+        held = HeldOps(1 << 20, [], None)
+        kind = pa.DictionaryArray.from_arrays(pa.array(codes, type=pa.int32()), table)
+        assert held.take(pa.RecordBatch.from_arrays([kind], ["kind"]))
+        return held
+
+    assert held_with([0, 2, 0]).only("kind", ("coll", "p2p"))
+    assert not held_with([0, 4]).only("kind", ("coll", "p2p"))
+    assert not held_with([0, None]).only("kind", ("coll", "p2p"))

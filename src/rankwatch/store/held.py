@@ -99,12 +99,18 @@ class HeldOps:
 
     def only(self, column: str, values: tuple[str, ...]) -> bool:
         """Whether every held row has one of `values` in the dictionary-encoded
-        `column` (no NULL)."""
-        return all(
-            b.column(column).null_count == 0
-            and set(b.column(column).dictionary.to_pylist()) <= set(values)
-            for b in self.batches
-        )
+        `column` (no NULL). The dictionary is the file's whole string table: the
+        codes the rows use are what counts."""
+        import pyarrow.compute as pc
+
+        for batch in self.batches:
+            col = batch.column(column)
+            if col.null_count:
+                return False
+            used = col.dictionary.take(pc.unique(col.indices))
+            if not set(used.to_pylist()) <= set(values):
+                return False
+        return True
 
     def drop_files(self, con: Any, paths: list[str]) -> None:
         """Remove the rows of these source files (a file the native reader did not
