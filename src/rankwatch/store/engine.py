@@ -99,10 +99,16 @@ class EngineSettings:
         return self.threads or os.cpu_count() or 1
 
 
+def private_path(spill_parent: str | None, what: str) -> str:
+    """A fresh, not yet created directory path of this process under spill_parent
+    (default: the system temporary directory); the caller arranges its removal."""
+    parent = spill_parent or tempfile.gettempdir()
+    return os.path.join(parent, f"rankwatch-{what}-{os.getpid()}-{next(_counter)}")
+
+
 def spill_dir(settings: EngineSettings) -> str:
     """A fresh, not yet created spill directory path, removed at exit if DuckDB left it."""
-    parent = settings.spill_parent or tempfile.gettempdir()
-    path = os.path.join(parent, f"rankwatch-spill-{os.getpid()}-{next(_counter)}")
+    path = private_path(settings.spill_parent, "spill")
     atexit.register(shutil.rmtree, path, True)
     return path
 

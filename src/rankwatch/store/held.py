@@ -4,8 +4,8 @@ as Arrow batches up to a budget, the rest written to uncompressed Parquet files.
 Appending a row to a DuckDB table costs about as much as parsing it (1.5 CPU s per
 million 43-column op rows), and once the tables pass half the memory limit they
 are compressed at about 2.6 s per million more (bench/RESULTS.md section 4).
-DuckDB scans Arrow batches in memory, and uncompressed Parquet files, about as
-fast as its own table. So an in-memory store keeps the first op rows the native
+DuckDB scans uncompressed Parquet files about as fast as its own table, and Arrow
+batches in memory within twice its time. So an in-memory store keeps the first op rows the native
 reader parses as the Arrow batches it made (`rankwatch.store.native.to_arrow`),
 until they take `budget` bytes, and DuckDB writes the rest, round by round, to
 Parquet files in a private directory (`spill`): with the table's column types,
@@ -25,7 +25,6 @@ removed with the connection (or when the process exits)."""
 
 from __future__ import annotations
 
-import itertools
 import os
 import shutil
 import weakref
@@ -34,17 +33,13 @@ from typing import Any
 HELD_TABLE = "ops_held_batches"  # the Arrow table, as DuckDB sees it
 APPENDED_TABLE = "ops_appended"  # the rows of the other readers
 SPILL_STREAM = "rankwatch_spill_chunks"
-_counter = itertools.count()
 
 
 class HeldOps:
     """See module doc. Not thread-safe: only the inserting thread uses it."""
 
-    def __init__(
-        self, budget: int, columns: list[tuple[str, str]], spill_parent: str | None
-    ) -> None:
+    def __init__(self, budget: int, spill_parent: str | None) -> None:
         self.budget = max(0, int(budget))
-        self.columns = columns  # (name, SQL type) of `ops`
         self.spill_parent = spill_parent
         self.batches: list[Any] = []  # pyarrow.RecordBatch
         self.nbytes = 0
@@ -52,7 +47,6 @@ class HeldOps:
         self.table: Any = None  # the pyarrow.Table DuckDB scans, once installed
         self.limit: float | None = None  # DuckDB's memory limit before reserve()
         self.files: list[str] = []  # Parquet files written
-        self.spilled_rows = 0
         self._directory: str | None = None
 
     def reserve(self, con: Any) -> None:
@@ -93,24 +87,8 @@ class HeldOps:
             con.unregister(SPILL_STREAM)
         if rows:
             self.files.append(path)
-            self.spilled_rows += int(rows)
         else:
             os.unlink(path)
-
-    def only(self, column: str, values: tuple[str, ...]) -> bool:
-        """Whether every held row has one of `values` in the dictionary-encoded
-        `column` (no NULL). The dictionary is the file's whole string table: the
-        codes the rows use are what counts."""
-        import pyarrow.compute as pc
-
-        for batch in self.batches:
-            col = batch.column(column)
-            if col.null_count:
-                return False
-            used = col.dictionary.take(pc.unique(col.indices))
-            if not set(used.to_pylist()) <= set(values):
-                return False
-        return True
 
     def drop_files(self, con: Any, paths: list[str]) -> None:
         """Remove the rows of these source files (a file the native reader did not
@@ -120,19 +98,17 @@ class HeldOps:
             return
         self._drop_held(paths)
         listed = ", ".join(f"'{_sql_text(p)}'" for p in sorted(set(paths)))
-        for path in list(self.files):
-            where = f"FROM read_parquet('{_sql_text(path)}') WHERE source_file IN ({listed})"
-            gone = int(con.execute(f"SELECT count(*) {where}").fetchall()[0][0])
-            if not gone:
+        for path in self.files:
+            source = f"read_parquet('{_sql_text(path)}')"
+            hit = f"SELECT 1 FROM {source} WHERE source_file IN ({listed}) LIMIT 1"
+            if not con.execute(hit).fetchall():
                 continue
             rest = f"{path}.rest"
             con.execute(
-                f"COPY (SELECT * FROM read_parquet('{_sql_text(path)}') WHERE source_file "
-                f"NOT IN ({listed})) TO '{_sql_text(rest)}' (FORMAT parquet, COMPRESSION "
-                "uncompressed)"
+                f"COPY (SELECT * FROM {source} WHERE source_file NOT IN ({listed})) "
+                f"TO '{_sql_text(rest)}' (FORMAT parquet, COMPRESSION uncompressed)"
             )
             os.replace(rest, path)
-            self.spilled_rows -= gone
 
     def _drop_held(self, paths: list[str]) -> None:
         if not self.batches:
@@ -164,7 +140,7 @@ class HeldOps:
             return
         import pyarrow as pa
 
-        names = ", ".join(f'"{c}"' for c, _ in self.columns)
+        names = ", ".join(f'"{c}"' for c, _ in _columns())
         parts = [f"SELECT {names} FROM {APPENDED_TABLE}"]
         if self.files:
             listed = ", ".join(f"'{_sql_text(p)}'" for p in self.files)
@@ -178,20 +154,26 @@ class HeldOps:
         con.execute(f"CREATE VIEW ops AS {' UNION ALL '.join(reversed(parts))}")
 
     def _typed(self) -> str:
-        return ", ".join(f'CAST("{c}" AS {t}) AS "{c}"' for c, t in self.columns)
+        return ", ".join(f'CAST("{c}" AS {t}) AS "{c}"' for c, t in _columns())
 
     def _spill_directory(self, con: Any) -> str:
         """A private directory for the Parquet files, removed with the connection
         whose `ops` reads them (or at exit)."""
         if self._directory is None:
-            import tempfile
+            from rankwatch.store.engine import private_path
 
-            parent = self.spill_parent or tempfile.gettempdir()
-            path = os.path.join(parent, f"rankwatch-ops-{os.getpid()}-{next(_counter)}")
+            path = private_path(self.spill_parent, "ops")
             os.makedirs(path)
             weakref.finalize(con, shutil.rmtree, path, True)
             self._directory = path
         return self._directory
+
+
+def _columns() -> list[tuple[str, str]]:
+    """(name, SQL type) of the columns of `ops`."""
+    from rankwatch.store.tables import OP_COLUMNS
+
+    return [(c, t) for c, t, _, _ in OP_COLUMNS]
 
 
 def _set_limit(con: Any, limit: float) -> None:

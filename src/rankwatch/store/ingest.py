@@ -155,9 +155,7 @@ def _load_native(
             taken[f.path] = outcome
             continue
         if outcome.rows and not outcome.reject:  # it goes through DuckDB's reader
-            load.delete_files(con, "ops", [f.path])
-            if held is not None:
-                held.drop_files(con, [f.path])
+            native.drop_rows(con, held, [f.path])
         if capture is not None:
             capture.drop(f.path)
     return taken

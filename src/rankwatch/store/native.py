@@ -370,10 +370,13 @@ class Reader:
         return chunk
 
     def _first_rows(self, rf: RecordFile) -> int:
-        """Rows of a file's first chunk: its size over a small record's (a dozen
+        """Rows of a file's first chunk: for a plain file once this reader has seen
+        records, _rows_for its size; else its size over a small record's (a dozen
         times that in a gzip file), so that a small file (a thousand ranks' files of a
         few hundred records) does not get buffers for CHUNK_ROWS rows; a file with
         more records goes on with full chunks."""
+        if not rf.compressed and self._seen_rows:
+            return self._rows_for(rf.size)
         guess = rf.size * (12 if rf.compressed else 1) // SMALL_RECORD_BYTES + 1
         return int(min(self.chunk_rows, max(guess, MIN_FIRST_ROWS)))
 
@@ -428,10 +431,7 @@ class Reader:
 
     def _chunks(self, rf: RecordFile) -> Iterator[tuple[Chunk, list[str]]]:
         """Full chunks of rf's records, then the last one (maybe empty)."""
-        first = self._first_rows(rf)
-        if not rf.compressed and self._seen_rows:
-            first = self._rows_for(rf.size)
-        chunk = self._bind_chunk(first)
+        chunk = self._bind_chunk(self._first_rows(rf))
         if rf.compressed:
             for addr, length, final, keep in _gzip_blocks(rf.path):
                 pos = 0
@@ -609,7 +609,7 @@ def to_arrow(
     dictionary = pa.array(strings, type=pa.string())
     present = {g: chunk.valid[slot] for g, slot in layout.group_slots.items()}
     partial = {g for g, bits in present.items() if not all_set(bits, rows)}
-    true = pa.py_buffer(np.full((rows + 7) // 8, 0xFF, dtype=np.uint8))
+    true = pa.py_buffer(np.full(nbits, 0xFF, dtype=np.uint8))
     groups = [
         pa.Array.from_buffers(pa.bool_(), rows, [pa.py_buffer(bits), true])
         for bits in present.values()
@@ -719,8 +719,6 @@ def load_files(
     parsed; the caller drops those of the files it does not take."""
     import pyarrow as pa
 
-    from rankwatch.store import load
-
     shape = layout()
     outcomes = {f.path: FileOutcome() for f in files}
     if not files:
@@ -819,25 +817,29 @@ def load_files(
             t.join()
     if failures:
         raise failures[0]
-    rejected = [p for p, o in outcomes.items() if o.reject and o.rows]
-    load.delete_files(con, "ops", rejected)
-    if held is not None:
-        held.drop_files(con, rejected)
+    drop_rows(con, held, [p for p, o in outcomes.items() if o.reject and o.rows])
     return outcomes
 
 
-KIND_FIELD = ("rankwatch", "kind")
-
-
-def lean_projection(op_kinds_only: bool = False) -> str:
-    """The SELECT list from to_arrow's batches to the columns of `ops`: the lean
-    projection of DuckDB's reader, its `group.field` references naming the flat
-    columns instead. op_kinds_only: every row's kind field is an op kind, so
-    `kind` is that field as it is (a filter on it then reaches the scan)."""
+def drop_rows(con: Any, held: HeldOps | None, paths: list[str]) -> None:
+    """Remove the op rows load_files took from these files: from `held` where it
+    took them (none are in the table then), else from the table."""
     from rankwatch.store import load
 
-    given = {"comm_key": "comm_key"}
-    if op_kinds_only:
-        given["kind"] = ".".join(KIND_FIELD)
+    if held is not None:
+        held.drop_files(con, paths)
+    else:
+        load.delete_files(con, "ops", paths)
+
+
+def lean_projection() -> str:
+    """The SELECT list from to_arrow's batches to the columns of `ops`: the lean
+    projection of DuckDB's reader, its `group.field` references naming the flat
+    columns instead. `kind` is the record's field as it is, not the lean CASE: the
+    reader yields only chunks whose every row is coll or p2p (Reader._problem), and
+    a filter on a plain column reaches the scan of the batches."""
+    from rankwatch.store import load
+
+    given = {"comm_key": "comm_key", "kind": "rankwatch.kind"}
     lean = load.op_projection("source_file", lean=True, given=given)
     return _FIELD_REF.sub(lambda m: '"' + flat_name(m[1], m[2]) + '"', lean)

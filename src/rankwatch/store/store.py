@@ -186,8 +186,7 @@ def ingest(
                 capture = CollectiveCapture(slots, native.load_library())
                 budget = held_budget(con, settings)
                 if store_str is None and budget:  # a kept store is written as tables
-                    columns = [(c, t) for c, t, _, _ in tables.OP_COLUMNS]
-                    held = HeldOps(budget, columns, settings.spill_parent)
+                    held = HeldOps(budget, settings.spill_parent)
                     held.reserve(con)
             careful, native_files = ingest_ops(con, ops, log, tmpdir, workers, capture, held)
             compact(con)
@@ -195,15 +194,15 @@ def ingest(
             careful += ingest_state(con, state, log, tmpdir)
     derive_inspector_fields(con)
     if held is not None:  # from here on `ops` is only read
-        kinds_only = held.only(native.flat_name(*native.KIND_FIELD), tables.OP_KINDS)
-        held.install(con, native.lean_projection(kinds_only))
+        held.install(con, native.lean_projection())
     _record_files_table(con, files, log, careful)
     compact(con)
     if store_str is not None:
         with timed(timings, "save"), reporter.step(f"saving the store to {store_str}"):
             con = save(con, store_str, tmp_db, settings)
-    store = Store(con, files, skipped, log.problems(), store_str, careful, timings, native_files)
-    store.held = held
+    store = Store(
+        con, files, skipped, log.problems(), store_str, careful, timings, native_files, held=held
+    )
     if capture is not None:
         store.collectives_kept = capture.finish()
     return store
