@@ -43,6 +43,7 @@ from typing import Any
 
 import numpy as np
 
+from rankwatch.align import groups
 from rankwatch.model import Run
 from rankwatch.store.load import insert_tuples
 
@@ -138,7 +139,10 @@ Pair = tuple[str, str]
 
 
 def _hosts(run: Run) -> list[str]:
-    return [h for (h,) in run.con.execute("SELECT DISTINCT host FROM ops ORDER BY host").fetchall()]
+    # op_groups where map_ranks made it; a run of trace rows has only a lean ops
+    source = groups.TABLE if groups.TABLE in run.tables else "ops"
+    sql = f"SELECT DISTINCT host FROM {source} ORDER BY host"
+    return [h for (h,) in run.con.execute(sql).fetchall()]
 
 
 def _reference(run: Run, hosts: list[str]) -> str:
@@ -151,10 +155,17 @@ def _reference(run: Run, hosts: list[str]) -> str:
 
 
 def _span(run: Run) -> tuple[int, int] | None:
-    rows = run.con.execute(
-        "SELECT min(gpu_start_ns), max(gpu_end_ns) FROM ops "
-        "WHERE kind = 'coll' AND gpu_start_ns IS NOT NULL AND gpu_end_ns IS NOT NULL"
-    ).fetchall()
+    if groups.TABLE in run.tables:
+        sql = (
+            "SELECT min(first_timed_start_ns), max(last_timed_end_ns) "
+            f"FROM {groups.TABLE} WHERE kind = 'coll'"
+        )
+    else:
+        sql = (
+            "SELECT min(gpu_start_ns), max(gpu_end_ns) FROM ops "
+            "WHERE kind = 'coll' AND gpu_start_ns IS NOT NULL AND gpu_end_ns IS NOT NULL"
+        )
+    rows = run.con.execute(sql).fetchall()
     return None if not rows or rows[0][0] is None else (int(rows[0][0]), int(rows[0][1]))
 
 

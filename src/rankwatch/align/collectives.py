@@ -36,7 +36,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from rankwatch.align import kernels
+from rankwatch.align import groups, kernels
 from rankwatch.align.clock import correction_sql
 from rankwatch.model import Run
 
@@ -231,8 +231,7 @@ def _part(i: int, passes: int) -> str:
 def _collectives(run: Run) -> None:
     """Create collectives with SQL, in one pass or, for large jobs, several (see
     COLLECTIVES_QUERY)."""
-    rows = int(run.con.execute("SELECT count(*) FROM ops WHERE kind = 'coll'").fetchall()[0][0])
-    passes = kernels.passes(rows, ROWS_PER_PASS)
+    passes = kernels.passes(groups.collective_ops(run), ROWS_PER_PASS)
     for i in range(passes):
         target = "INSERT INTO collectives" if i else "CREATE OR REPLACE TABLE collectives AS"
         run.con.execute(target + COLLECTIVES_QUERY.format(part=_part(i, passes)))

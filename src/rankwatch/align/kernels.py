@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from rankwatch import nativelib
+from rankwatch.align import groups
 from rankwatch.store.captured import CollectiveColumns
 
 LIB_FILENAME = "librankwatch-rwalign.so"
@@ -202,8 +203,7 @@ def usable_kept(run: Any, release: bool = False) -> CollectiveColumns | None:
     kept = run.meta.pop("collectives_kept", None) if release else run.meta.get("collectives_kept")
     if kept is None or library() is None:
         return None
-    rows = int(run.con.execute("SELECT count(*) FROM ops WHERE kind = 'coll'").fetchall()[0][0])
-    return kept if rows == kept.rows else None
+    return kept if groups.collective_ops(run) == kept.rows else None
 
 
 @dataclass

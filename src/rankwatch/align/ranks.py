@@ -20,16 +20,18 @@ digits, leading zeros dropped) so rankwatch and Inspector records join.
 
 from __future__ import annotations
 
+from rankwatch.align import groups
 from rankwatch.model import Run
 
 # Processes and hosts per communicator are counted over (communicator, process)
-# groups, which is much cheaper than counting distinct values over every op.
+# groups, which is much cheaper than counting distinct values over every op; the
+# ops come counted already (op_groups, see groups.py).
 COMMUNICATORS_SQL = """
 CREATE OR REPLACE TABLE communicators AS
 WITH members AS (
     SELECT comm_key, host, pid, max(comm_id) AS comm_id, max(comm_name) AS comm_name,
-           max(n_ranks) AS n_ranks, max(nnodes) AS nnodes, count(*) AS ops
-    FROM ops GROUP BY comm_key, host, pid
+           max(n_ranks) AS n_ranks, max(nnodes) AS nnodes, sum(ops) AS ops
+    FROM op_groups GROUP BY comm_key, host, pid
 ), seen AS (
     SELECT comm_key, max(comm_id) AS comm_id, max(comm_name) AS comm_name,
            max(n_ranks) AS n_ranks, max(nnodes) AS nnodes,
@@ -66,7 +68,7 @@ CREATE OR REPLACE TEMP TABLE comm_members AS
 WITH seen AS (
     SELECT comm_key, rank, host, pid, max(device) AS device
     FROM (
-        SELECT DISTINCT comm_key, rank, host, pid, device FROM ops
+        SELECT DISTINCT comm_key, rank, host, pid, device FROM op_groups
         UNION ALL
         SELECT '0x' || left(ltrim(lower(substr(comm_id, 3)), '0'), 14), rank, host, pid, device
         FROM comms
@@ -124,6 +126,7 @@ def world_comm(run: Run) -> str | None:
 def map_ranks(run: Run) -> str | None:
     """Create communicators, processes and rank_map; returns the world comm_key."""
     con = run.con
+    groups.make(run)
     con.execute(COMMUNICATORS_SQL)
     con.execute(MEMBERS_SQL)
     world = world_comm(run)

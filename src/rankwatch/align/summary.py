@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from rankwatch.align import groups
 from rankwatch.align.clock import ClockEstimate
 from rankwatch.model import Run
 
@@ -26,8 +27,9 @@ def _scalar(run: Run, sql: str) -> Any:
 
 
 def job_summary(run: Run) -> dict[str, Any]:
+    counted = groups.table(run)
     span = run.con.execute(
-        "SELECT min(arrival_ns), max(coalesce(gpu_end_ns, enqueue_end_ns, arrival_ns)) FROM ops"
+        f"SELECT min(first_arrival_ns), max(last_end_ns) FROM {counted}"
     ).fetchall()[0]
     state = {
         t: _scalar(run, f"SELECT count(*) FROM {t}")
@@ -36,7 +38,7 @@ def job_summary(run: Run) -> dict[str, Any]:
     jobs = [
         r[0]
         for r in run.con.execute(
-            "SELECT job_id FROM ops WHERE job_id IS NOT NULL UNION "
+            f"SELECT job_id FROM {counted} WHERE job_id IS NOT NULL UNION "
             "SELECT job_id FROM comms WHERE job_id IS NOT NULL ORDER BY 1"
         ).fetchall()
     ]
@@ -53,12 +55,12 @@ def job_summary(run: Run) -> dict[str, Any]:
             run, "SELECT count(*) FROM (SELECT DISTINCT host, pid FROM processes) AS p"
         ),
         "hosts": _scalar(run, "SELECT count(DISTINCT host) FROM processes"),
-        "op_records": _scalar(run, "SELECT count(*) FROM ops"),
+        "op_records": _scalar(run, f"SELECT coalesce(sum(ops), 0) FROM {counted}"),
         "state_records": state,
         "files": _scalar(run, "SELECT count(*) FROM files"),
         "formats": dict(
             run.con.execute(
-                "SELECT source_format, count(*) FROM ops GROUP BY 1 ORDER BY 1"
+                f"SELECT source_format, sum(ops) FROM {counted} GROUP BY 1 ORDER BY 1"
             ).fetchall()
         ),
         "time_span_s": None if span[0] is None else (span[1] - span[0]) / 1e9,
@@ -75,7 +77,7 @@ def communicators(run: Run) -> list[dict[str, Any]]:
     )
     funcs: dict[str, dict[str, int]] = {}
     for key, func, n in run.con.execute(
-        "SELECT comm_key, func, count(*) FROM ops GROUP BY 1, 2 ORDER BY 1, 2"
+        f"SELECT comm_key, func, sum(ops) FROM {groups.table(run)} GROUP BY 1, 2 ORDER BY 1, 2"
     ).fetchall():
         funcs.setdefault(key, {})[func] = int(n)
     bw = dict(
@@ -91,9 +93,10 @@ def communicators(run: Run) -> list[dict[str, Any]]:
 
 
 def ranks(run: Run) -> list[dict[str, Any]]:
+    counted = groups.table(run)
     return _rows(
         run,
-        """
+        f"""
         SELECT p.world_rank, p.host, p.pid, p.device, p.in_world_comm,
                coalesce(o.ops, 0) AS ops, l.times_last_arrival, l.arrival_lag_caused_ns,
                l.mean_last_arrival_lag_ns, l.times_last_gpu_start, l.gpu_lag_caused_ns,
@@ -102,7 +105,7 @@ def ranks(run: Run) -> list[dict[str, Any]]:
         FROM processes p
         LEFT JOIN (
             SELECT m.world_rank, sum(n.ops) AS ops
-            FROM (SELECT comm_key, rank, host, pid, count(*) AS ops FROM ops
+            FROM (SELECT comm_key, rank, host, pid, sum(ops) AS ops FROM {counted}
                   GROUP BY 1, 2, 3, 4) n
             JOIN rank_map m ON m.comm_key = n.comm_key AND m.rank = n.rank
                 AND m.host = n.host AND m.pid = n.pid
@@ -147,7 +150,9 @@ def clock_summary(clock: ClockEstimate) -> dict[str, Any]:
 def summarize(run: Run, clock: ClockEstimate) -> dict[str, Any]:
     rank_rows = ranks(run)
     ops_per_func = dict(
-        run.con.execute("SELECT func, count(*) FROM ops GROUP BY 1 ORDER BY 2 DESC").fetchall()
+        run.con.execute(
+            f"SELECT func, sum(ops) FROM {groups.table(run)} GROUP BY 1 ORDER BY 2 DESC, 1"
+        ).fetchall()
     )
     return {
         "job": job_summary(run),
