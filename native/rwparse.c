@@ -222,10 +222,27 @@ static inline int bytes_equal(const uint8_t *a, const uint8_t *end, const char *
   return 1;
 }
 
+#define SHORT_TEXT 32 /* texts up to this long compare as four masked words */
+
+/* The bytes of word w (0..3) that belong to a text of `len` bytes (<= SHORT_TEXT). */
+static inline uint64_t word_mask(size_t len, int w) {
+  size_t have = len > 8 * (size_t)w ? len - 8 * (size_t)w : 0;
+  return have >= 8 ? ~0ull : (1ull << (8 * have)) - 1;
+}
+
 /* Whether the text at s is `name` followed by its closing quote (names are plain
- * ASCII, so equal bytes mean an equal, valid JSON string). */
+ * ASCII, so equal bytes mean an equal, valid JSON string). A short name with
+ * SHORT_TEXT bytes to read at both (the arena has that much slack) compares
+ * without a loop whose trip count varies with the name. */
 static inline int quoted_is(const uint8_t *s, const uint8_t *end, const char *name, size_t len) {
-  return (size_t)(end - s) > len && s[len] == '"' && bytes_equal(s, end, name, len);
+  if ((size_t)(end - s) <= len || s[len] != '"') return 0;
+  if (len <= SHORT_TEXT && end - s >= SHORT_TEXT) {
+    const uint8_t *b = (const uint8_t *)name;
+    uint64_t diff = 0;
+    for (int w = 0; w < 4; w++) diff |= (load8(s + 8 * w) ^ load8(b + 8 * w)) & word_mask(len, w);
+    return diff == 0;
+  }
+  return bytes_equal(s, end, name, len);
 }
 
 /* Length of the valid UTF-8 sequence at s (lead byte >= 0x80), 0 if invalid. */
@@ -465,7 +482,7 @@ static int32_t intern(rwp_parser *p, int slot, const uint8_t *s, size_t n) {
   if (p->arena_len + n > p->arena_cap) {
     size_t cap = p->arena_cap ? p->arena_cap : 4096;
     while (cap < p->arena_len + n) cap *= 2;
-    char *arena = realloc(p->arena, cap + 8); /* slack: bytes_equal reads whole words */
+    char *arena = realloc(p->arena, cap + SHORT_TEXT); /* slack: compares read words */
     if (!arena) return -1;
     p->arena = arena;
     p->arena_cap = cap;
