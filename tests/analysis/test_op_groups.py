@@ -1,0 +1,73 @@
+"""op_groups (rankwatch.align.groups) counts what the summary and who-is-who used to
+count over every op: the numbers read from it must be the ones a scan of ops gives."""
+
+from __future__ import annotations
+
+import shutil
+
+from analysis_support import inspector_coll, inspector_p2p, write_lines
+
+from rankwatch.align import align, groups
+from rankwatch.align.summary import summarize
+from rankwatch.store import ingest
+
+
+def _mixed_job(sim, tmp_path):
+    """A simulated job (DP, TP and PP communicators, P2P) plus Inspector logs of two
+    more ranks on a host of their own: several formats, functions and kinds."""
+    job = tmp_path / "job"
+    shutil.copytree(sim("plain"), job)
+    for rank in (0, 1):
+        write_lines(
+            job / "inspector" / f"other-host-pid{4000 + rank}.log",
+            [inspector_coll(rank, sn, verbose=True) for sn in range(5)]
+            + [inspector_p2p(rank, 5, "Send" if rank == 0 else "Recv", 1 - rank)],
+        )
+    return job
+
+
+def _pairs(run, sql: str) -> dict:
+    return {tuple(row[:-1]): int(row[-1]) for row in run.con.execute(sql).fetchall()}
+
+
+def test_summary_counts_from_op_groups_equal_counts_over_every_op(sim, tmp_path) -> None:
+    # Given a job of mixed formats, aligned and summarised
+    run = ingest([_mixed_job(sim, tmp_path)], progress=False).run()
+    summary = summarize(run, align(run))
+    job = summary["job"]
+
+    # Then every count read from op_groups is what a scan of ops gives
+    scan = _pairs(run, "SELECT func, count(*) FROM ops GROUP BY 1")
+    assert {(f,): n for f, n in summary["ops_per_func"].items()} == scan
+    assert job["op_records"] == run.con.execute("SELECT count(*) FROM ops").fetchall()[0][0]
+    formats = _pairs(run, "SELECT source_format, count(*) FROM ops GROUP BY 1")
+    assert {(f,): n for f, n in job["formats"].items()} == formats
+    assert set(formats) == {("rankwatch",), ("inspector",)}
+    per_comm = _pairs(run, "SELECT comm_key, func, count(*) FROM ops GROUP BY 1, 2")
+    from_summary = {
+        (c["key"], f): n for c in summary["communicators"] for f, n in c["ops_per_func"].items()
+    }
+    assert from_summary == per_comm
+    assert len({key for key, _ in per_comm}) >= 4  # DP, TP, PP and the Inspector ranks'
+    first, last = run.con.execute(
+        "SELECT min(arrival_ns), max(coalesce(gpu_end_ns, enqueue_end_ns, arrival_ns)) FROM ops"
+    ).fetchall()[0]
+    assert job["time_span_s"] == (last - first) / 1e9
+    colls = run.con.execute("SELECT count(*) FROM ops WHERE kind = 'coll'").fetchall()[0][0]
+    assert groups.collective_ops(run) == colls > 0
+    assert sum(r["ops"] for r in summary["ranks"]) == job["op_records"]
+
+
+def test_op_groups_is_recounted_when_ranks_are_mapped_again(sim, tmp_path) -> None:
+    # Given an aligned run whose ops then lose a file's rows
+    run = ingest([_mixed_job(sim, tmp_path)], progress=False).run()
+    align(run)
+    before = groups.collective_ops(run)
+    run.con.execute("CREATE TABLE ops_copy AS SELECT * FROM ops WHERE source_format = 'rankwatch'")
+    run.con.execute("DROP VIEW IF EXISTS ops")
+    run.con.execute("DROP TABLE IF EXISTS ops")
+    run.con.execute("ALTER TABLE ops_copy RENAME TO ops")
+    # When aligned again, the counts follow ops
+    align(run)
+    after = run.con.execute("SELECT count(*) FROM ops WHERE kind = 'coll'").fetchall()[0][0]
+    assert groups.collective_ops(run) == after == before - 10
