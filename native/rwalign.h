@@ -65,8 +65,8 @@ int64_t rwa_prepare(int64_t n, const int32_t *member, const int32_t *func, const
                     int64_t *out_comm, int64_t *out_func, int64_t *out_seq,
                     uint8_t *out_seq_ok, int64_t *in, uint8_t *in_ok, double *bound,
                     uint8_t *row_bound_ok, uint8_t *key_ok);
-int64_t rwa_partition(int64_t n, const int64_t *seq, int64_t passes, int32_t *sel,
-                      int64_t *starts);
+int64_t rwa_partition(int64_t n, const int64_t *seq, int64_t passes, int64_t n_buckets,
+                      int64_t *buckets, int32_t *sel, int64_t *starts);
 /* rwa_clock_obs: per (collective, host) observations of clock.py's OBS_SQL. */
 enum { RWA_OBS_SCRATCH = 7 };
 int64_t rwa_clock_obs(int64_t n_groups, const int64_t *starts, const int64_t *order, int64_t n,

@@ -235,11 +235,23 @@ static int prepare_round(int64_t n) {
   /* the pass's rows, as rwa_partition lists them; sometimes an index out of range */
   int32_t *sel = NEW(int32_t, n);
   int64_t *starts = NEW(int64_t, passes + 1);
-  int good = rwa_partition(n, seq, passes, sel, starts) == n && starts[passes] == n;
-  for (int64_t p = 0; good && p < passes; p++)
-    for (int64_t j = starts[p]; j < starts[p + 1]; j++)
-      if (((seq[sel[j]] % passes) + passes) % passes != p || (j > starts[p] && sel[j] <= sel[j - 1]))
-        good = 0;
+  int64_t n_buckets = 2 + pick(4) * pick(n + 1); /* often fewer buckets than seqs */
+  int64_t *buckets = NEW(int64_t, n_buckets);
+  int good = rwa_partition(n, seq, passes, n_buckets, buckets, sel, starts) == n &&
+             starts[0] == 0 && starts[passes] == n;
+  /* each pass's rows in row order, passes in seq order: a seq's rows in one pass */
+  for (int64_t p = 0; good && p < passes; p++) {
+    good = starts[p] <= starts[p + 1];
+    for (int64_t j = starts[p]; good && j < starts[p + 1]; j++)
+      if (sel[j] < 0 || sel[j] >= n || (j > starts[p] && sel[j] <= sel[j - 1])) good = 0;
+  }
+  uint8_t *listed = NEW(uint8_t, n + 1);
+  for (int64_t j = 0; good && j < n; j++) good = !listed[sel[j]]++; /* each row once */
+  free(listed);
+  for (int64_t p = 0; good && p + 1 < passes; p++) /* seq ranges in pass order */
+    for (int64_t j = starts[p]; good && j < starts[p + 1]; j++)
+      for (int64_t k = starts[p + 1]; good && k < n; k++)
+        if (seq[sel[j]] >= seq[sel[k]]) good = 0;
   int64_t n_sel = starts[pass + 1] - starts[pass];
   int32_t *mine = sel + starts[pass];
   if (allow_bad && n_sel > 0 && pick(20) == 0) mine[pick(n_sel)] = (int32_t)n;
@@ -251,7 +263,7 @@ static int prepare_round(int64_t n) {
   if (!allow_bad && cap >= n_sel && got == RWA_RANGE) good = 0; /* only bad inputs are refused */
   if (got >= 0) good = good && clock_round(got, comm, in, in_ok, n_hosts);
   free(member), free(func), free(seq), free(msg), free(arr), free(gs), free(ge), free(valid);
-  free(cerr), free(sel), free(starts);
+  free(cerr), free(sel), free(starts), free(buckets);
   free(members), free(func_rank), free(t0), free(offset), free(drift), free(hbound);
   free(clock_ok), free(hbound_ok), free(comm), free(ofunc), free(oseq), free(seq_ok);
   free(in_ok), free(in), free(bound), free(bound_ok), free(key_ok);

@@ -250,6 +250,8 @@ def _collectives_native(run: Run) -> kernels.Lateness | None:
     columns, in passes as the SQL form; returns the rank lateness sums, or None when
     there are no usable kept columns or a kernel declines (nothing is left created
     then: the caller runs the SQL form)."""
+    import pyarrow as pa
+
     kept = kernels.usable_kept(run, release=True)
     if kept is None:
         return None
@@ -259,16 +261,19 @@ def _collectives_native(run: Run) -> kernels.Lateness | None:
         job = kernels.job_tables(con, kept)
         late = kernels.Lateness(job.hosts, job.worlds)
         passes = kernels.passes(kept.rows)
-        for i, rows in enumerate(kernels.collectives_from_kept(kept, job, passes, late)):
-            target = "INSERT INTO collectives" if i else "CREATE OR REPLACE TABLE collectives AS"
-            con.register("rankwatch_joined", rows)
-            try:
-                con.execute(f"{target} WITH joined AS (SELECT {casts} FROM rankwatch_joined){TAIL}")
-            finally:
-                con.unregister("rankwatch_joined")
+        # one row per collective, a few per thousand ops: the passes' rows are joined
+        # and written in one statement (one per pass cost 25 to 60 ms each)
+        joined = pa.concat_tables(kernels.collectives_from_kept(kept, job, passes, late))
     except kernels.Declined:
-        con.execute("DROP TABLE IF EXISTS collectives")
         return None
+    con.register("rankwatch_joined", joined)
+    try:
+        con.execute(
+            "CREATE OR REPLACE TABLE collectives AS "
+            f"WITH joined AS (SELECT {casts} FROM rankwatch_joined){TAIL}"
+        )
+    finally:
+        con.unregister("rankwatch_joined")
     return late
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import threading
 from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -58,7 +59,7 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
         "rwa_group": [i64, p, p, p, p, i64, p, p, p, p, p],
         "rwa_collectives": [i64, p, p, i64, p, p, p, p, p, i64, i64, *[p] * 7],
         "rwa_prepare": [i64, *[p] * 9, i64, p, i64, p, i64, *[p] * 6, i64, p, i64, *[p] * 9],
-        "rwa_partition": [i64, p, i64, p, p],
+        "rwa_partition": [i64, p, i64, i64, p, p, p],
         "rwa_clock_obs": [i64, p, p, i64, p, p, p, i64, p, i64, p, p, i64, i64, i64, *[p] * 7],
         "rwa_clock_pairs": [
             ctypes.c_int,
@@ -175,7 +176,30 @@ class Lateness:
 # 0.84-0.89 to 0.71-0.77 s and its peak RSS from 680 to 550-600 MB).
 ROWS_PER_PASS = 250_000
 PASS_ID_BITS = 40  # clock observations of pass i are numbered from i << PASS_ID_BITS
+PARTITION_BUCKETS = 1 << 20  # seq buckets that rwa_partition cuts into passes
 MAX_WORKERS = 4  # passes in flight at once, each holding its rows (about 48 MB)
+
+
+_local = threading.local()
+
+
+def _scratch(name: str, size: int, dtype: Any) -> np.ndarray:
+    """An uninitialised array of `size` elements from this thread's buffer `name`,
+    which the thread's next pass reuses: a pass's rows and groups take tens of MB,
+    and memory taken fresh costs a page fault per 4 KiB (a third of rwa_prepare's
+    time at 3 M ops). Whatever a pass returns is a copy, never one of these."""
+    buffers = getattr(_local, "buffers", None)
+    if buffers is None:
+        buffers = _local.buffers = {}
+    have = buffers.get(name)
+    if have is None or have.size < size or have.dtype != dtype:
+        have = buffers[name] = np.empty(max(size, 1), dtype)
+    return have[:size]
+
+
+def _release_scratch() -> None:
+    """Drop this thread's buffers (a worker thread's go when it ends)."""
+    _local.buffers = None
 
 
 def passes(rows: int, rows_per_pass: int = ROWS_PER_PASS) -> int:
@@ -188,7 +212,10 @@ def _in_parallel(work: Callable[[int], Any], passes: int) -> Iterator[Any]:
     threads (the kernels release the GIL: ctypes calls); the first error raised."""
     workers = max(1, min(passes, os.cpu_count() or 1, MAX_WORKERS))
     if workers == 1:
-        yield from (work(i) for i in range(passes))
+        try:
+            yield from (work(i) for i in range(passes))
+        finally:
+            _release_scratch()
         return
     with ThreadPoolExecutor(max_workers=workers) as pool:
         pending = deque(pool.submit(work, i) for i in range(workers))
@@ -309,12 +336,15 @@ class PassRows:
 
     @classmethod
     def empty(cls, rows: int) -> PassRows:
+        """Uninitialised rows, in this thread's scratch (see _scratch)."""
         width = len(IN_COLUMNS)
         return cls(
-            np.empty(rows, np.int64), np.empty(rows, np.int64), np.empty(rows, np.int64),
-            np.empty(rows, np.uint8), np.empty((rows, width), np.int64),
-            np.empty((rows, width), np.uint8), np.empty(rows), np.empty(rows, np.uint8),
-            np.empty(rows, np.uint8),
+            _scratch("comm", rows, np.int64), _scratch("func", rows, np.int64),
+            _scratch("seq", rows, np.int64), _scratch("seq_ok", rows, np.uint8),
+            _scratch("data", rows * width, np.int64).reshape(rows, width),
+            _scratch("ok", rows * width, np.uint8).reshape(rows, width),
+            _scratch("bound", rows, np.float64), _scratch("bound_ok", rows, np.uint8),
+            _scratch("key_ok", rows, np.uint8),
         )  # fmt: skip
 
 
@@ -328,7 +358,11 @@ class Partition:
     @classmethod
     def of(cls, lib: ctypes.CDLL, kept: CollectiveColumns, passes: int) -> Partition:
         sel, starts = np.empty(kept.rows, np.int32), np.empty(passes + 1, np.int64)
-        if lib.rwa_partition(kept.rows, _p(kept.seq), passes, _p(sel), _p(starts)) < 0:
+        buckets = np.empty(min(PARTITION_BUCKETS, max(2, kept.rows)), np.int64)
+        got = lib.rwa_partition(
+            kept.rows, _p(kept.seq), passes, len(buckets), _p(buckets), _p(sel), _p(starts)
+        )
+        if got < 0:
             raise Declined(f"rwa_partition declined {kept.rows} rows")
         return cls(sel, starts)
 
@@ -359,9 +393,9 @@ def _prepare(lib: ctypes.CDLL, kept: CollectiveColumns, job: JobTables, sel: np.
 def _group(lib: ctypes.CDLL, rows: PassRows) -> tuple[int, np.ndarray, np.ndarray, np.ndarray]:
     n = len(rows.seq)
     cap = 1 << max(1, int(2 * n - 1).bit_length())
-    table = np.empty(cap, dtype=np.int64)
-    first, group = np.empty(n, np.int64), np.empty(n, np.int64)
-    order, starts = np.empty(n, np.int64), np.empty(n + 1, np.int64)
+    table = _scratch("table", cap, np.int64)
+    first, group = _scratch("first", n, np.int64), _scratch("group", n, np.int64)
+    order, starts = _scratch("order", n, np.int64), _scratch("starts", n + 1, np.int64)
     got = lib.rwa_group(n, _p(rows.comm), _p(rows.func), _p(rows.seq), _p(rows.seq_ok), cap,
                         _p(table), _p(first), _p(group), _p(order), _p(starts))  # fmt: skip
     if got < 0:
