@@ -13,6 +13,7 @@ it where nothing has yet, e.g. a clock estimate over trace rows).
 from __future__ import annotations
 
 from rankwatch.model import Run
+from rankwatch.store.engine import release_arrow_memory
 
 TABLE = "op_groups"
 
@@ -33,6 +34,7 @@ GROUP BY comm_key, rank, host, pid, device, func, kind, source_format, job_id
 def make(run: Run) -> str:
     """(Re)count `ops` into op_groups; its name. Call it again whenever ops changed."""
     run.con.execute(OP_GROUPS_SQL)
+    release_arrow_memory()  # the first full scan of ops: see there
     run.tables[TABLE] = TABLE
     return TABLE
 

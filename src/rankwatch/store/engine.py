@@ -18,10 +18,12 @@ them run from memory instead of reading spilled blocks back (align at 10 M: 37
 instead of 79 CPU seconds, for about 2 CPU seconds of compression per million
 records). The op rows the native reader parses skip the table altogether
 (rankwatch.store.held): the first ones are held as Arrow batches, up to
-held_budget() (half the memory limit, DuckDB's own limit lowered by what they
-take, so the two together stay within RANKWATCH_MEMORY_LIMIT), and the rest are
-written to uncompressed Parquet files; `ops` is then a view over them and the
-table (rows of Inspector logs and of files the native reader did not take).
+held_budget() (HELD_FRACTION of the memory limit, DuckDB's own limit lowered by
+what they take, so the two together stay within RANKWATCH_MEMORY_LIMIT), and the
+rest are written to uncompressed Arrow IPC files, which scans read back through
+pyarrow (its batches in flight are outside that limit: see HELD_FRACTION and
+release_arrow_memory); `ops` is then a view over them and the table (rows of
+Inspector logs and of files the native reader did not take).
 
 Settings, read once from the environment by `EngineSettings.from_env()`:
 
@@ -41,8 +43,8 @@ Settings, read once from the environment by `EngineSettings.from_env()`:
 Besides that, the native reader keeps the collective ops' alignment columns
 (rankwatch.store.captured: 57 bytes per collective op, about 0.57 GB at 10 M
 records) until align has used them, and align's compiled passes hold about 48 MB
-each (two at a time on two cores): at 10 M records peak RSS was 1.56 GB with the
-default 1 GB limit (bench/RESULTS.md section 4).
+each (two at a time on two cores): at 10 M records peak RSS was 1.7 to 1.8 GB
+with the default 1 GB limit (bench/RESULTS.md section 4).
 """
 
 from __future__ import annotations
@@ -136,6 +138,12 @@ def configure(con: Any, settings: EngineSettings) -> str:
 STORE_CATALOG = "rankwatch_store"
 COMPACT_FRACTION = 0.5  # compress once tables take this share of the memory limit
 DUCKDB_FLOOR_BYTES = 384 << 20  # the least DuckDB is left when op rows are held
+# Share of the memory limit the held op rows may take. Less than COMPACT_FRACTION:
+# a scan of the rows spilled past it reads them through pyarrow, which has about
+# 0.35 GB of batches in flight at 10 M records outside that limit (peak RSS at 10 M:
+# 1.72 GB with 0.35, 1.85 to 2.05 GB with 0.5; a million records, 0.28 GB of held
+# rows, still fit whole under the default 1 GB limit).
+HELD_FRACTION = 0.35
 _UNITS = {"bytes": 1, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40,
           "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}  # fmt: skip
 
@@ -173,16 +181,15 @@ def limit_bytes(con: Any) -> float | None:
 
 def held_budget(con: Any, settings: EngineSettings) -> int:
     """Bytes of op rows an in-memory store may hold as Arrow batches (store.held):
-    settings.held_bytes, else COMPACT_FRACTION of the memory limit, the share at
-    which the tables would be compressed anyway, leaving DuckDB at least
-    DUCKDB_FLOOR_BYTES (under a tight limit nothing is held, and the op rows are
-    appended to the table instead of going to Parquet files)."""
+    settings.held_bytes, else HELD_FRACTION of the memory limit, leaving DuckDB at
+    least DUCKDB_FLOOR_BYTES (under a tight limit nothing is held, and the op rows
+    are appended to the table instead of going to IPC files)."""
     if settings.held_bytes is not None:
         return settings.held_bytes
     limit = limit_bytes(con)
     if limit is None:
         return 0
-    return int(max(0.0, min(COMPACT_FRACTION * limit, limit - DUCKDB_FLOOR_BYTES)))
+    return int(max(0.0, min(HELD_FRACTION * limit, limit - DUCKDB_FLOOR_BYTES)))
 
 
 def compact(con: Any) -> bool:
@@ -203,3 +210,19 @@ def compact(con: Any) -> bool:
         return False
     con.execute(f"CHECKPOINT {STORE_CATALOG}")
     return True
+
+
+def release_arrow_memory() -> None:
+    """Hand the memory pyarrow's allocator keeps after a scan back to the system.
+
+    A scan of the op rows spilled to IPC files (store.held) reads them through
+    pyarrow, which allocates a few hundred MB of batches in flight (454 MB at 10 M
+    records) from its pool; the pool keeps them after the query ends, and the
+    alignment passes that follow then stack their own memory on top (peak RSS
+    2.27 GB against 1.84 GB with this called after the first full scan of ops).
+    Cheap when there is nothing to release; a no-op where pyarrow is not loaded."""
+    import sys
+
+    pa = sys.modules.get("pyarrow")
+    if pa is not None:
+        pa.default_memory_pool().release_unused()

@@ -228,7 +228,9 @@ def _new_chunk(layout: Layout, rows: int) -> Chunk:
         elif code == "f":
             values.append(np.empty(rows, dtype=np.float64))
         elif code == "s":
-            values.append(np.empty(rows, dtype=np.int32))
+            # a NULL string keeps its code slot as allocated: zeroed, it is a valid
+            # index, which Arrow's dictionary unification reads (store.held) even there
+            values.append(np.zeros(rows, dtype=np.int32))
         elif code == "b":
             values.append(_bitmap(rows))
         else:
@@ -713,7 +715,7 @@ def load_files(
     `round_rows` rows (a statement appends several times faster than one per
     chunk), calling `between()` after each round (e.g. to compress the tables).
     `held` takes the chunks instead (store.held): it holds them as long as they
-    fit its budget and writes the rest to Parquet files, appending none. Returns
+    fit its budget and writes the rest to Arrow IPC files, appending none. Returns
     each file's outcome; the rows of a file with outcome.reject are removed again
     (it needs the DuckDB path). `capture` keeps the collective rows of every file
     parsed; the caller drops those of the files it does not take."""
@@ -796,10 +798,10 @@ def load_files(
     projection = lean_projection()
     try:
         while running:
-            stream = pa.RecordBatchReader.from_batches(arrow_schema(shape), appended())
             if held is not None:
-                held.spill(con, stream, projection)
+                held.spill(con, appended())
                 continue
+            stream = pa.RecordBatchReader.from_batches(arrow_schema(shape), appended())
             con.register("rankwatch_native_chunks", stream)
             try:
                 con.execute(f"INSERT INTO ops SELECT {projection} FROM rankwatch_native_chunks")
