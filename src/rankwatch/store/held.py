@@ -3,30 +3,30 @@ as Arrow batches up to a budget, the rest written to Arrow IPC files.
 
 Appending a row to a DuckDB table costs about as much as parsing it (1.5 CPU s per
 million 43-column op rows), and once the tables pass half the memory limit they
-are compressed at about 2.6 s per million more (bench/RESULTS.md section 4).
-DuckDB scans uncompressed Parquet files about as fast as its own table, and Arrow
-batches in memory within twice its time. So an in-memory store keeps the first op rows the native
-reader parses as the Arrow batches it made (`rankwatch.store.native.to_arrow`),
-until they take `budget` bytes, and the rest go, a few batches per file, to
-uncompressed Arrow IPC files in a private directory (`spill`), as they are (their
-string dictionaries unified per file, as the IPC file format requires): writing
-them costs a third to a quarter of what DuckDB's or pyarrow's uncompressed
-Parquet writers take (0.17-0.29 against 0.6-0.9 s per 500,000 rows; at 10 M
-records 8 M rows are spilled), and scanning them back, through a pyarrow dataset
-with the held batches' projection, costs 0.02-0.07 s per 500,000 rows, two to
-four times a Parquet scan. `install()` then renames the table (the rows of the
-other readers) to `ops_appended` and makes `ops` a view of all three.
-Everything after ingest only reads `ops`; ingest's own changes to it (removing
-a file's rows, numbering Inspector P2P records) happen before the view exists,
-and removing a file's rows reaches the batches and files too (`drop_files`). A
-store kept with `--store` holds nothing: it is written as tables.
+are compressed at about 2.6 s per million more; writing them to uncompressed
+Parquet instead (DuckDB's writer or pyarrow's) still costs 1.2 to 1.8 CPU s per
+million (bench/RESULTS.md section 4). So an in-memory store keeps the first op
+rows the native reader parses as the Arrow batches it made
+(`rankwatch.store.native.to_arrow`), until they take `budget` bytes, and writes
+each later batch as it is to an uncompressed Arrow IPC file of its own in a private
+directory (`spill`), at a third to a quarter of Parquet's cost. Scans read the
+held batches within twice the time of DuckDB's own table, and the IPC files,
+through a pyarrow dataset, at two to four times the time of a Parquet scan: a
+full scan of 8 M spilled rows (10 M records) takes 0.2 s for one column, 2 s for
+op_groups's group-by. `install()` then renames the table (the rows of the other
+readers) to `ops_appended` and makes `ops` a view of all three. Everything after
+ingest only reads `ops`; ingest's own changes to it (removing a file's rows,
+numbering Inspector P2P records) happen before the view exists, and removing a
+file's rows reaches the batches and files too (`drop_files`). A store kept with
+`--store` holds nothing: it is written as tables.
 
 Memory: the held batches count against the memory limit (RANKWATCH_MEMORY_LIMIT):
 DuckDB's own limit is lowered by the budget while they are taken (`reserve`), then
 by what they take (`install`). The IPC files are on disk (the spill directory's
 parent, RANKWATCH_SPILL_DIR), about 270 MB per million op records, removed with
-the connection (or when the process exits); scans read them in batches, not
-mapped, so they do not count against the memory limit."""
+the connection (or when the process exits). Scans read them in record batches of
+SPILL_BATCH_ROWS rows, not mapped; pyarrow's batches in flight are outside the
+limit (see rankwatch.store.engine.HELD_FRACTION and release_arrow_memory)."""
 
 from __future__ import annotations
 
@@ -39,8 +39,10 @@ from typing import Any
 HELD_TABLE = "ops_held_batches"  # the Arrow table, as DuckDB sees it
 SPILLED_TABLE = "ops_spilled_batches"  # the pyarrow dataset of the IPC files
 APPENDED_TABLE = "ops_appended"  # the rows of the other readers
-SPILL_BATCHES = 1  # batches per IPC file
-SPILL_BATCH_ROWS = 8192  # rows per record batch in them (see release_arrow_memory)
+# Rows per record batch in the IPC files: smaller batches keep fewer bytes in flight
+# when DuckDB scans them through pyarrow (at 10 M records 0.34 GB at 8,192 rows,
+# 0.41 at 32,768), for about the same scan time.
+SPILL_BATCH_ROWS = 8192
 
 
 class HeldOps:
@@ -82,23 +84,14 @@ class HeldOps:
         return True
 
     def spill(self, con: Any, batches: Iterable[Any]) -> None:
-        """Write `batches` (to_arrow's) to new IPC files, SPILL_BATCHES per file."""
-        group: list[Any] = []
-        for batch in batches:
-            group.append(batch)
-            if len(group) == SPILL_BATCHES:
-                self._write(con, group)
-                group = []
-        if group:
-            self._write(con, group)
-
-    def _write(self, con: Any, batches: list[Any]) -> None:
+        """Write each of `batches` (to_arrow's) to an IPC file of its own: an IPC file
+        holds one dictionary per column, and each batch has its own (its file's)."""
         import pyarrow as pa
 
-        table = pa.Table.from_batches(batches).unify_dictionaries()
-        path = os.path.join(self._spill_directory(con), f"ops-{len(self.files):05d}.arrow")
-        _write_ipc(path, table)
-        self.files.append(path)
+        for batch in batches:
+            path = os.path.join(self._spill_directory(con), f"ops-{len(self.files):06d}.arrow")
+            _write_ipc(path, pa.Table.from_batches([batch]))
+            self.files.append(path)
 
     def spilled_rows(self) -> int:
         """Rows in the IPC files."""
