@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from rankwatch.align import clock, collectives, p2p, ranks
+from rankwatch.align import clock, collectives, groups, p2p, ranks
 
 sqlglot = pytest.importorskip("sqlglot")
 
 QUERIES = {
+    "op_groups": groups.OP_GROUPS_SQL,
     "communicators": ranks.COMMUNICATORS_SQL,
     "comm_members": ranks.MEMBERS_SQL,
     "processes": ranks.PROCESSES_SQL,
@@ -22,6 +23,7 @@ QUERIES = {
     "collectives": collectives.COLLECTIVES_SQL,
     "collective_ranks": collectives.COLLECTIVE_RANKS_SQL,
     "rank_lateness": collectives.RANK_LATENESS_SQL,
+    "p2p_ops": p2p.P2P_OPS_SQL,
     "p2p_pairs": p2p.P2P_PAIRS_SQL,
     "p2p_unmatched": p2p.UNMATCHED_SQL,
 }

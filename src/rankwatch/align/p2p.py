@@ -12,11 +12,18 @@ from __future__ import annotations
 
 from rankwatch.model import Run
 
+# The P2P ops, with only what the two queries below read, in one scan of ops (a
+# view over rows that each scan converts or reads back from disk: store.held).
+P2P_OPS_SQL = """
+CREATE OR REPLACE TEMP TABLE p2p_ops AS
+SELECT func, comm_key, comm_name, rank, peer, seq, world_rank, host, msg_bytes, arrival_c,
+       gpu_start_c, gpu_end_c, gpu_start_ns, gpu_end_ns, clock_bound_ns
+FROM ops_aligned WHERE kind = 'p2p'
+"""
+
 P2P_PAIRS_SQL = """
 CREATE OR REPLACE TABLE p2p_pairs AS
-WITH p AS (SELECT func, comm_key, comm_name, rank, peer, seq, world_rank, host, msg_bytes,
-                  arrival_c, gpu_start_c, gpu_end_c, gpu_start_ns, gpu_end_ns, clock_bound_ns
-           FROM ops_aligned WHERE kind = 'p2p'),  -- only what is read: ops may be a view
+WITH p AS (SELECT * FROM p2p_ops),
      s AS (SELECT * FROM p WHERE func = 'Send'),
      r AS (SELECT * FROM p WHERE func = 'Recv')
 SELECT s.comm_key, max(s.comm_name) OVER (PARTITION BY s.comm_key) AS comm_name,
@@ -39,7 +46,7 @@ FROM s JOIN r ON s.comm_key = r.comm_key AND s.peer = r.rank AND r.peer = s.rank
 """
 
 UNMATCHED_SQL = """
-WITH p AS (SELECT comm_key, rank, peer, seq, func FROM ops_aligned WHERE kind = 'p2p')
+WITH p AS (SELECT comm_key, rank, peer, seq, func FROM p2p_ops)
 SELECT count(*) FROM p o
 WHERE NOT EXISTS (
     SELECT 1 FROM p q
@@ -49,6 +56,10 @@ WHERE NOT EXISTS (
 
 
 def align_p2p(run: Run) -> None:
-    run.con.execute(P2P_PAIRS_SQL)
-    run.tables["p2p_pairs"] = "p2p_pairs"
-    run.meta["p2p_unmatched"] = int(run.con.execute(UNMATCHED_SQL).fetchall()[0][0])
+    run.con.execute(P2P_OPS_SQL)
+    try:
+        run.con.execute(P2P_PAIRS_SQL)
+        run.tables["p2p_pairs"] = "p2p_pairs"
+        run.meta["p2p_unmatched"] = int(run.con.execute(UNMATCHED_SQL).fetchall()[0][0])
+    finally:
+        run.con.execute("DROP TABLE IF EXISTS p2p_ops")
