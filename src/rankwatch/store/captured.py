@@ -158,9 +158,15 @@ class CollectiveCapture:
         picked = out.row[:got]
         key = out.key[:got] if packed.value else None
         columns = {"member": self._members_of(state, chunk, picked, key)}
-        columns |= {"func": out.func[:got].copy(), "seq": out.seq[:got].copy()}
-        columns |= {name: out.values[name][:got].copy() for name in TIMES}
-        state.parts.append(columns | {"valid": out.valid[:got].copy()})
+
+        def fit(a: np.ndarray) -> np.ndarray:
+            # as it is when every row was picked (a chunk of collectives only), else
+            # copied to fit: the parts stay until finish()
+            return a if got == rows else a[:got].copy()
+
+        columns |= {"func": fit(out.func), "seq": fit(out.seq)}
+        columns |= {name: fit(out.values[name]) for name in TIMES}
+        state.parts.append(columns | {"valid": fit(out.valid)})
 
     def _members_of(
         self, state: _FileState, chunk: Any, picked: np.ndarray, key: np.ndarray | None
@@ -172,7 +178,11 @@ class CollectiveCapture:
             at = np.minimum(np.searchsorted(state.member_keys, key), len(state.member_keys) - 1)
             if bool((state.member_keys[at] == key).all()):
                 return state.member_codes[at]
-        if key is not None:
+        if key is not None and bool((key == key[0]).all()):
+            # one member (a rank in one communicator, common): no sort needed
+            uniq, inverse = key[:1], np.zeros(len(key), dtype=np.int64)
+            firsts = np.zeros(1, dtype=np.int64)
+        elif key is not None:
             uniq, inverse = np.unique(key, return_inverse=True)
             firsts = np.zeros(len(uniq), dtype=np.int64)
             firsts[inverse] = np.arange(len(key))  # any row of each member will do
