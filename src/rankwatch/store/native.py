@@ -229,7 +229,9 @@ def _new_chunk(layout: Layout, rows: int) -> Chunk:
             values.append(np.empty(rows, dtype=np.float64))
         elif code == "s":
             # a NULL string keeps its code slot as allocated: zeroed, it is a valid
-            # index, which Arrow's dictionary unification reads (store.held) even there
+            # index; Arrow reads even those slots when it combines or unifies
+            # dictionaries (the joined batches below, store.held), and crashed on
+            # an index out of range
             values.append(np.zeros(rows, dtype=np.int32))
         elif code == "b":
             values.append(_bitmap(rows))
