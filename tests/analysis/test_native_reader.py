@@ -443,6 +443,43 @@ def test_keys_in_any_order_and_unknown_keys_are_read(sim) -> None:
     assert values[("metadata", "hostname")] == obj["metadata"]["hostname"]
 
 
+@needs_library
+def test_null_strings_have_a_valid_code_and_their_batches_combine(sim) -> None:
+    """A NULL string's code is 0, not whatever the buffer held: Arrow reads those
+    codes too when it combines or unifies dictionaries, and crashed on garbage."""
+    import pyarrow as pa
+
+    lines = []
+    for i, line in enumerate(first_op_lines(sim("plain"), 40)):
+        record = json.loads(line)
+        if i % 3 == 0:
+            record["header"]["comm_name"] = None
+            record["rankwatch"]["algo"] = None
+        lines.append(json.dumps(record))
+    shape = native.layout()
+    slots = [c.slot for c in shape.columns if (c.group, c.name) in
+             {("header", "comm_name"), ("rankwatch", "algo")}]  # fmt: skip
+    batches = []
+    with native.Reader(shape) as reader:
+        for half in (lines[:20], lines[20:]):  # files of their own
+            reader._lib.rwp_reset(reader._p)
+            chunk = reader._bind_chunk(64)
+            buf = np.frombuffer(("\n".join(half) + "\n").encode(), dtype=np.uint8)
+            reader._lib.rwp_parse(reader._p, buf.ctypes.data, len(buf), 1)
+            chunk, strings = reader._finish_chunk(chunk)
+            assert chunk.rows == 20
+            for slot in slots:
+                nulls = ~native.unpack(chunk.valid[slot], chunk.rows)
+                assert nulls.sum() >= 6  # every third line's, and P2P ops have no algo
+                assert (chunk.values[slot][: chunk.rows][nulls] == 0).all()
+            batches.append(native.to_arrow(shape, chunk, strings, "x", native.comm_keys(strings)))
+    table = pa.Table.from_batches(batches)
+    combined = table.combine_chunks().unify_dictionaries()
+    name = combined.column(native.flat_name("header", "comm_name")).to_pylist()
+    assert name == table.column(native.flat_name("header", "comm_name")).to_pylist()
+    assert name.count(None) == 14  # every third of the 40 lines
+
+
 # --------------------------------------------------------------- sanitizers
 
 
