@@ -43,7 +43,7 @@ Settings, read once from the environment by `EngineSettings.from_env()`:
 Besides that, the native reader keeps the collective ops' alignment columns
 (rankwatch.store.captured: 57 bytes per collective op, about 0.57 GB at 10 M
 records) until align has used them, and align's compiled passes hold about 48 MB
-each (two at a time on two cores): at 10 M records peak RSS was 1.7 to 1.8 GB
+each (two at a time on two cores): at 10 M records peak RSS was 1.6 to 1.7 GB
 with the default 1 GB limit (bench/RESULTS.md section 4).
 """
 
