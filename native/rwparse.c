@@ -86,6 +86,7 @@ struct rwp_parser {
   int ntop;
   group_t groups[MAX_GROUPS];
   int ngroups;
+  int root; /* the group of fields at the top level of the line itself, or -1 */
   int nslots;
   char slot_type[MAX_SLOTS];
   locale_t c_locale;
@@ -858,6 +859,21 @@ static inline __attribute__((always_inline)) int field_value(rwp_parser *p, char
       }
       break;
     }
+    case 'r': {
+      const uint8_t *text = s;
+      int rc = skip_value(p, &s, end, 2);
+      if (rc) return rc;
+      /* JSON allows newlines between tokens, and a template match reads up to the
+       * buffer's end: a raw value must not run past its line */
+      size_t len = (size_t)(s - text);
+      if (memchr(text, '\n', len)) return RWP_E_SYNTAX;
+      if (slot >= 0) {
+        int32_t code = intern(p, slot, text, len);
+        if (code < 0) return RWP_E_STRINGS;
+        ((int32_t *)p->values[slot])[row] = code;
+      }
+      break;
+    }
     default:
       return RWP_E_TYPE;
   }
@@ -886,6 +902,27 @@ static inline int key_at(const uint8_t *s, const uint8_t *end, const field_t *f)
   return diff == 0;
 }
 
+/* The value of field fi of group gi at *ps: checked for a duplicate key, stored,
+ * and its place recorded for a template of the line. */
+static inline __attribute__((always_inline)) int member_value(rwp_parser *p, int gi, int fi,
+                                                            const uint8_t **ps,
+                                                            const uint8_t *end) {
+  const group_t *g = &p->groups[gi];
+  uint64_t bit = 1ull << fi;
+  if (p->seen[gi] & bit) return RWP_E_DUPLICATE;
+  p->seen[gi] |= bit;
+  int given, rc;
+  const uint8_t *value = *ps;
+  if ((rc = field_value(p, g->fields[fi].type, g->field_slot[fi], ps, end, &given))) return rc;
+  if (given) p->given[gi] |= bit;
+  if (p->nspans < MAX_SPANS) {
+    p->spans[p->nspans++] = (span_t){value, *ps, (int16_t)gi, (int16_t)fi};
+  } else {
+    p->spans_ok = 0;
+  }
+  return RWP_OK;
+}
+
 /* The members of a group object; (*ps)[-1] is its '{'. */
 static int parse_group(rwp_parser *p, int gi, const uint8_t **ps, const uint8_t *end) {
   group_t *g = &p->groups[gi];
@@ -910,19 +947,8 @@ static int parse_group(rwp_parser *p, int gi, const uint8_t **ps, const uint8_t 
     }
     s = skip_ws(s, end);
     if (fi >= 0) {
-      uint64_t bit = 1ull << fi;
-      if (p->seen[gi] & bit) return RWP_E_DUPLICATE;
-      p->seen[gi] |= bit;
-      int given;
-      const uint8_t *value = s;
-      if ((rc = field_value(p, g->fields[fi].type, g->field_slot[fi], &s, end, &given))) return rc;
-      if (given) p->given[gi] |= bit;
+      if ((rc = member_value(p, gi, fi, &s, end))) return rc;
       guess = fi + 1;
-      if (p->nspans < MAX_SPANS) {
-        p->spans[p->nspans++] = (span_t){value, s, (int16_t)gi, (int16_t)fi};
-      } else {
-        p->spans_ok = 0;
-      }
     } else {
       p->spans_ok = 0;
       if ((rc = skip_value(p, &s, end, 2))) return rc;
@@ -959,7 +985,7 @@ static int parse_line(rwp_parser *p, const uint8_t *s, const uint8_t *end) {
   memset(p->seen, 0, sizeof(uint64_t) * (size_t)p->ngroups);
   memset(p->given, 0, sizeof(uint64_t) * (size_t)p->ngroups);
   p->top_seen = 0;
-  p->groups_present = 0;
+  p->groups_present = p->root >= 0 ? 1u << p->root : 0;
   p->nspans = 0;
   p->spans_ok = 1;
   if (*s != '{') {
@@ -969,6 +995,7 @@ static int parse_line(rwp_parser *p, const uint8_t *s, const uint8_t *end) {
     return skip_ws(v, end) == end ? RWP_E_NOT_OBJECT : RWP_E_SYNTAX;
   }
   s = skip_ws(s + 1, end);
+  int root_guess = 0;
   if (s < end && *s == '}') {
     s++;
   } else {
@@ -978,8 +1005,12 @@ static int parse_line(rwp_parser *p, const uint8_t *s, const uint8_t *end) {
       int rc = scan_key(p, &s, end, &key, &klen);
       if (rc) return rc;
       if (s >= end) return RWP_E_SYNTAX;
-      int ti = find_top(p, key, klen);
-      if (ti >= 0) {
+      int fi = p->root >= 0 ? find_field(&p->groups[p->root], root_guess, key, klen) : -1;
+      int ti = fi < 0 ? find_top(p, key, klen) : -1;
+      if (fi >= 0) {
+        if ((rc = member_value(p, p->root, fi, &s, end))) return rc;
+        root_guess = fi + 1;
+      } else if (ti >= 0) {
         if (p->top_seen & (1u << ti)) return RWP_E_DUPLICATE;
         p->top_seen |= 1u << ti;
         int gi = p->top[ti].group;
@@ -1273,11 +1304,19 @@ static int spec_line(rwp_parser *p, const char **ps, char *err, int errlen) {
   if (strcmp(verb, "field") == 0) {
     if (!read_word(ps, name, sizeof name) || !read_word(ps, name2, sizeof name2) ||
         !read_word(ps, type, sizeof type) || !read_word(ps, slot_word, sizeof slot_word) ||
-        !parse_int_word(slot_word, &slot) || strlen(type) != 1 || !strchr("inbfs", type[0]))
+        !parse_int_word(slot_word, &slot) || strlen(type) != 1 || !strchr("inbfsr", type[0]))
       goto bad;
     int gi = -1;
     for (int i = 0; i < p->ngroups; i++) {
       if (strcmp(p->groups[i].name, name) == 0) gi = i;
+    }
+    if (gi < 0 && strcmp(name, ".") == 0 && p->ngroups < MAX_GROUPS) {
+      /* the first top-level field: its group is the line's object itself */
+      gi = p->root = p->ngroups++;
+      group_t *g = &p->groups[gi];
+      snprintf(g->name, sizeof g->name, ".");
+      g->len = 1;
+      g->slot = -1;
     }
     if (gi < 0 || p->groups[gi].nfields >= MAX_FIELDS || !use_slot(p, slot, type[0])) goto bad;
     field_t *f = &p->groups[gi].fields[p->groups[gi].nfields++];
@@ -1313,6 +1352,7 @@ rwp_parser *rwp_new(const char *spec, char *err, int errlen) {
     snprintf(err, (size_t)errlen, "out of memory");
     return NULL;
   }
+  p->root = -1;
   p->c_locale = newlocale(LC_ALL_MASK, "C", (locale_t)0);
   if (!p->c_locale) {
     snprintf(err, (size_t)errlen, "no C locale");
@@ -1361,6 +1401,11 @@ void rwp_reset(rwp_parser *p) {
   p->ntemplates = p->last_template = p->next_template = 0;
 }
 
+void rwp_next_file(rwp_parser *p) {
+  p->lines = p->flagged = p->unterminated = 0;
+  p->nflags = 0;
+}
+
 int rwp_slot_count(const rwp_parser *p) { return p->nslots; }
 
 int rwp_bind(rwp_parser *p, int64_t capacity, void *const *values, uint8_t *const *valid) {
@@ -1397,6 +1442,356 @@ const char *rwp_string(const rwp_parser *p, int32_t code, int64_t *len) {
   const char *s = str_at(p, code, &n);
   *len = (int64_t)n;
   return s;
+}
+
+/* ------------------------------------------------------------ the dictionary */
+
+const char *rwp_strings(const rwp_parser *p, int32_t *offsets, int64_t *len) {
+  /* intern() appends each new string to the arena: code order is arena order */
+  for (int32_t code = 0; code < p->nstr; code++) {
+    offsets[code] = (int32_t)((p->str_pos[code] & ~PLAIN_BIT) >> 24);
+  }
+  offsets[p->nstr] = (int32_t)p->arena_len;
+  *len = (int64_t)p->arena_len;
+  return p->arena;
+}
+
+/* ---------------------------------------------------------------- nested values */
+
+#define RWN_MAX_NODES 64
+#define RWN_MAX_KIDS 32 /* fields of a struct: a 64-bit mask tracks which were seen */
+
+typedef struct {
+  char kind; /* i n s S L M */
+  int nkids;
+  int16_t kid[RWN_MAX_KIDS]; /* S: fields; L: element; M: key, value */
+  char name[MAX_NAME];       /* as a field of its parent struct */
+  uint32_t name_len;
+  int64_t len, cap;          /* values appended; room for */
+  uint8_t *valid;            /* cap / 8 bytes, zeroed as grown */
+  void *values;              /* i: int64, n: int32 */
+  int32_t *offsets;          /* s, L, M: cap + 1 */
+  char *data;                /* s */
+  int64_t data_len, data_cap;
+} rwn_node_t;
+
+struct rwn_reader {
+  rwn_node_t node[RWN_MAX_NODES];
+  int nnodes;
+};
+
+static int rwn_grow(rwn_node_t *n) {
+  if (n->len < n->cap) return 1;
+  int64_t cap = n->cap ? n->cap * 2 : 64; /* a multiple of 8: whole bitmap bytes */
+  uint8_t *valid = realloc(n->valid, (size_t)cap / 8);
+  if (!valid) return 0;
+  memset(valid + n->cap / 8, 0, (size_t)(cap - n->cap) / 8);
+  n->valid = valid;
+  if (n->kind == 'i' || n->kind == 'n') {
+    void *values = realloc(n->values, (size_t)cap * (n->kind == 'i' ? 8 : 4));
+    if (!values) return 0;
+    n->values = values;
+  } else if (n->kind == 's' || n->kind == 'L' || n->kind == 'M') {
+    int32_t *offsets = realloc(n->offsets, (size_t)(cap + 1) * sizeof *offsets);
+    if (!offsets) return 0;
+    if (!n->offsets) offsets[0] = 0;
+    n->offsets = offsets;
+  }
+  n->cap = cap;
+  return 1;
+}
+
+static int rwn_text(rwn_node_t *n, const uint8_t *text, size_t len) {
+  if ((uint64_t)n->data_len + len > INT32_MAX) return 0;
+  if (n->data_len + (int64_t)len > n->data_cap) {
+    int64_t cap = n->data_cap ? n->data_cap : 256;
+    while (cap < n->data_len + (int64_t)len) cap *= 2;
+    char *data = realloc(n->data, (size_t)cap);
+    if (!data) return 0;
+    n->data = data;
+    n->data_cap = cap;
+  }
+  if (len) memcpy(n->data + n->data_len, text, len);
+  n->data_len += (int64_t)len;
+  return 1;
+}
+
+/* The next slot of node n: its values and offsets set as for a null (a value is
+ * written over them), its validity bit clear. */
+static int rwn_slot(rwn_node_t *n) {
+  if (!rwn_grow(n)) return 0;
+  int64_t i = n->len++;
+  if (n->kind == 'i') ((int64_t *)n->values)[i] = 0;
+  if (n->kind == 'n') ((int32_t *)n->values)[i] = 0;
+  if (n->offsets) n->offsets[i + 1] = n->offsets[i];
+  return 1;
+}
+
+static int rwn_null(rwn_reader *r, int ni) {
+  rwn_node_t *n = &r->node[ni];
+  if (!rwn_slot(n)) return RWP_E_STRINGS;
+  if (n->kind == 'S') { /* a struct's fields have a slot for each of its rows */
+    for (int k = 0; k < n->nkids; k++) {
+      int rc = rwn_null(r, n->kid[k]);
+      if (rc) return rc;
+    }
+  }
+  return RWP_OK;
+}
+
+static int rwn_value(rwn_reader *r, rwp_parser *p, int ni, const uint8_t **ps,
+                     const uint8_t *end, int depth);
+
+static int rwn_object(rwn_reader *r, rwp_parser *p, int ni, const uint8_t **ps,
+                      const uint8_t *end, int depth) {
+  rwn_node_t *n = &r->node[ni];
+  const uint8_t *s = skip_ws(*ps, end);
+  uint64_t seen = 0;
+  int64_t first_key = n->kind == 'M' ? r->node[n->kid[0]].len : 0;
+  if (s < end && *s == '}') {
+    s++;
+  } else {
+    for (;;) {
+      const uint8_t *key;
+      size_t klen;
+      int rc = scan_key(p, &s, end, &key, &klen);
+      if (rc) return rc;
+      if (n->kind == 'M') {
+        rwn_node_t *keys = &r->node[n->kid[0]];
+        for (int64_t k = first_key; k < keys->len; k++) { /* a map's keys are unique */
+          int32_t from = keys->offsets[k], to = keys->offsets[k + 1];
+          if ((size_t)(to - from) == klen && memcmp(keys->data + from, key, klen) == 0)
+            return RWP_E_DUPLICATE;
+        }
+        if (!rwn_slot(keys) || !rwn_text(keys, key, klen)) return RWP_E_STRINGS;
+        keys->offsets[keys->len] = (int32_t)keys->data_len;
+        keys->valid[(keys->len - 1) >> 3] |= (uint8_t)(1u << ((keys->len - 1) & 7));
+        if ((rc = rwn_value(r, p, n->kid[1], &s, end, depth + 1))) return rc;
+      } else {
+        int k = 0;
+        while (k < n->nkids && !(r->node[n->kid[k]].name_len == klen &&
+                                 memcmp(r->node[n->kid[k]].name, key, klen) == 0))
+          k++;
+        if (k < n->nkids) {
+          if (seen & (1ull << k)) return RWP_E_DUPLICATE;
+          seen |= 1ull << k;
+          if ((rc = rwn_value(r, p, n->kid[k], &s, end, depth + 1))) return rc;
+        } else if ((rc = skip_value(p, &s, end, depth + 1))) {
+          return rc;
+        }
+      }
+      s = skip_ws(s, end);
+      if (s < end && *s == ',') {
+        s = skip_ws(s + 1, end);
+        continue;
+      }
+      if (s < end && *s == '}') {
+        s++;
+        break;
+      }
+      return RWP_E_SYNTAX;
+    }
+  }
+  for (int k = 0; n->kind == 'S' && k < n->nkids; k++) {
+    if (!(seen & (1ull << k))) {
+      int rc = rwn_null(r, n->kid[k]);
+      if (rc) return rc;
+    }
+  }
+  *ps = s;
+  return RWP_OK;
+}
+
+static int rwn_array(rwn_reader *r, rwp_parser *p, int ni, const uint8_t **ps,
+                     const uint8_t *end, int depth) {
+  const uint8_t *s = skip_ws(*ps, end);
+  if (s < end && *s == ']') {
+    *ps = s + 1;
+    return RWP_OK;
+  }
+  for (;;) {
+    int rc = rwn_value(r, p, r->node[ni].kid[0], &s, end, depth + 1);
+    if (rc) return rc;
+    s = skip_ws(s, end);
+    if (s < end && *s == ',') {
+      s = skip_ws(s + 1, end);
+      continue;
+    }
+    if (s < end && *s == ']') {
+      *ps = s + 1;
+      return RWP_OK;
+    }
+    return RWP_E_SYNTAX;
+  }
+}
+
+/* One value of node ni at *ps (whitespace before it skipped). */
+static int rwn_value(rwn_reader *r, rwp_parser *p, int ni, const uint8_t **ps,
+                     const uint8_t *end, int depth) {
+  rwn_node_t *n = &r->node[ni];
+  const uint8_t *s = skip_ws(*ps, end);
+  if (depth > RWP_MAX_DEPTH) return RWP_E_DEPTH;
+  if (s >= end) return RWP_E_SYNTAX;
+  if (*s == 'n') {
+    int rc = literal(&s, end, "null", 4);
+    if (!rc) rc = rwn_null(r, ni);
+    *ps = s;
+    return rc;
+  }
+  if (!rwn_slot(n)) return RWP_E_STRINGS;
+  int64_t i = n->len - 1;
+  int rc = RWP_OK;
+  switch (n->kind) {
+    case 'i':
+    case 'n': {
+      number_t num;
+      int64_t v;
+      if (*s != '-' && !is_digit(*s)) return RWP_E_TYPE;
+      if ((rc = scan_number(&s, end, &num))) return rc;
+      if (!num.is_int) return RWP_E_TYPE;
+      if ((rc = number_int(&num, &v))) return rc;
+      if (n->kind == 'i') {
+        ((int64_t *)n->values)[i] = v;
+      } else {
+        if (v < INT32_MIN || v > INT32_MAX) return RWP_E_RANGE;
+        ((int32_t *)n->values)[i] = (int32_t)v;
+      }
+      break;
+    }
+    case 's': {
+      const uint8_t *text;
+      size_t len;
+      if (*s != '"') return RWP_E_TYPE;
+      s++;
+      if ((rc = scan_string(p, &s, end, &text, &len))) return rc;
+      if (!rwn_text(n, text, len)) return RWP_E_STRINGS;
+      n->offsets[i + 1] = (int32_t)n->data_len;
+      break;
+    }
+    case 'S':
+    case 'M':
+      if (*s != '{') return RWP_E_TYPE;
+      s++;
+      if ((rc = rwn_object(r, p, ni, &s, end, depth))) return rc;
+      if (n->kind == 'M') n->offsets[i + 1] = (int32_t)r->node[n->kid[0]].len;
+      break;
+    case 'L':
+      if (*s != '[') return RWP_E_TYPE;
+      s++;
+      if ((rc = rwn_array(r, p, ni, &s, end, depth))) return rc;
+      n->offsets[i + 1] = (int32_t)r->node[n->kid[0]].len;
+      break;
+    default:
+      return RWP_E_TYPE;
+  }
+  n->valid[i >> 3] |= (uint8_t)(1u << (i & 7));
+  *ps = s;
+  return RWP_OK;
+}
+
+/* One node of the spec at *ps and the nodes under it; its index, or -1. */
+static int rwn_spec_node(rwn_reader *r, const char **ps, const char *name, int depth) {
+  char word[MAX_NAME - 8];
+  if (depth > 16 || r->nnodes >= RWN_MAX_NODES || !read_word(ps, word, sizeof word) ||
+      strlen(word) != 1 || !strchr("insSLM", word[0]))
+    return -1;
+  int ni = r->nnodes++;
+  rwn_node_t *n = &r->node[ni];
+  n->kind = word[0];
+  snprintf(n->name, sizeof n->name, "%s", name);
+  n->name_len = (uint32_t)strlen(n->name);
+  int kids = 0;
+  if (n->kind == 'L') kids = 1;
+  if (n->kind == 'M') {
+    if (r->nnodes >= RWN_MAX_NODES) return -1;
+    int key = r->nnodes++;
+    r->node[key].kind = 's';
+    n->kid[n->nkids++] = (int16_t)key;
+    kids = 1;
+  }
+  if (n->kind == 'S') {
+    char count[16];
+    if (!read_word(ps, count, sizeof count) || !parse_int_word(count, &kids) || kids < 0 ||
+        kids > RWN_MAX_KIDS)
+      return -1;
+  }
+  for (int k = 0; k < kids; k++) {
+    char field[MAX_NAME - 8] = "";
+    if (n->kind == 'S' && !read_word(ps, field, sizeof field)) return -1;
+    int kid = rwn_spec_node(r, ps, field, depth + 1);
+    if (kid < 0) return -1;
+    r->node[ni].kid[r->node[ni].nkids++] = (int16_t)kid;
+  }
+  return ni;
+}
+
+rwn_reader *rwn_new(const char *spec, char *err, int errlen) {
+  char dummy[1];
+  if (!err || errlen <= 0) {
+    err = dummy;
+    errlen = 1;
+  }
+  err[0] = '\0';
+  rwn_reader *r = calloc(1, sizeof *r);
+  if (!r) {
+    snprintf(err, (size_t)errlen, "out of memory");
+    return NULL;
+  }
+  const char *s = spec ? spec : "";
+  char rest[2];
+  if (rwn_spec_node(r, &s, "", 0) < 0 || read_word(&s, rest, sizeof rest)) {
+    snprintf(err, (size_t)errlen, "bad nested type spec");
+    rwn_free(r);
+    return NULL;
+  }
+  return r;
+}
+
+void rwn_free(rwn_reader *r) {
+  if (!r) return;
+  for (int i = 0; i < r->nnodes; i++) {
+    free(r->node[i].valid);
+    free(r->node[i].values);
+    free(r->node[i].offsets);
+    free(r->node[i].data);
+  }
+  free(r);
+}
+
+int rwn_node_count(const rwn_reader *r) { return r->nnodes; }
+
+int rwn_read(rwn_reader *r, rwp_parser *p, const int32_t *codes, int64_t count) {
+  for (int i = 0; i < r->nnodes; i++) {
+    rwn_node_t *n = &r->node[i];
+    if (n->valid) memset(n->valid, 0, (size_t)n->cap / 8);
+    n->len = n->data_len = 0;
+  }
+  for (int64_t k = 0; k < count; k++) {
+    if (codes[k] < 0) { /* no value */
+      int rc = rwn_null(r, 0);
+      if (rc) return rc;
+      continue;
+    }
+    if (codes[k] >= p->nstr) return RWP_E_RANGE;
+    size_t len;
+    const uint8_t *s = (const uint8_t *)str_at(p, codes[k], &len), *end = s + len;
+    int rc = rwn_value(r, p, 0, &s, end, 1);
+    if (rc) return rc;
+    if (skip_ws(s, end) != end) return RWP_E_SYNTAX;
+  }
+  return RWP_OK;
+}
+
+int64_t rwn_node(const rwn_reader *r, int i, const uint8_t **valid, const void **values,
+                 const int32_t **offsets, const char **data, int64_t *data_len) {
+  if (i < 0 || i >= r->nnodes) return -1;
+  const rwn_node_t *n = &r->node[i];
+  *valid = n->valid;
+  *values = n->values;
+  *offsets = n->offsets;
+  *data = n->data;
+  *data_len = n->data_len;
+  return n->len;
 }
 
 /* ------------------------------------------------------------------ capture */

@@ -1,13 +1,15 @@
 /* rwparse: a JSON-lines reader for rankwatch op records, filling columnar buffers.
  *
  * Every line must be one JSON object. Its top-level keys are either groups
- * (objects whose known keys are typed fields), rejected keys (must be absent or
- * null), or unknown (the value is checked as JSON and skipped, nested objects
- * and arrays included). Keys may come in any order. Known fields are typed:
+ * (objects whose known keys are typed fields), typed fields themselves (the
+ * group "."; state records are flat), rejected keys (must be absent or null), or
+ * unknown (the value is checked as JSON and skipped, nested objects and arrays
+ * included). Keys may come in any order. Known fields are typed:
  *
  *   'i' int64, 'n' int64 that fits a 32-bit integer, 'f' double (a JSON int or
  *   number), 'b' bool, 's' string (interned: the column holds int32 codes into
- *   one dictionary per file).
+ *   one dictionary per file), 'r' any JSON value other than null, kept as its
+ *   text (checked, not decoded; interned like a string) for SQL to transform.
  *
  * Any JSON value may be null. A line that is not valid JSON (RFC 8259, UTF-8),
  * holds a wrongly typed known field, a number out of its field's range, a
@@ -18,7 +20,7 @@
  *
  * Output columns ("slots") are bound per chunk by the caller:
  *   values[slot]: int64_t[cap] ('i', 'n'), double[cap] ('f'), a bitmap of
- *                 ceil(cap/8) bytes ('b'), int32_t[cap] ('s'), unused for groups;
+ *                 ceil(cap/8) bytes ('b'), int32_t[cap] ('s', 'r'), unused for groups;
  *   valid[slot]:  a zeroed bitmap of ceil(cap/8) bytes, bit i set when row i has
  *                 a value (LSB first, as Apache Arrow's validity bitmaps).
  * A group's slot only gets validity: set when the group is present and not null.
@@ -62,12 +64,16 @@ typedef struct rwp_parser rwp_parser;
 /* A parser for the layout in `spec`: lines of
  *     group <name> <slot>                      a top-level object (slot: validity)
  *     reject <name>                            a top-level key that must be null
- *     field <group> <name> <type> <slot>       a typed field (slot -1: check only)
+ *     field <group> <name> <type> <slot>       a typed field (slot -1: check only);
+ *                                              group "." for a top-level field
  * Returns NULL (with a message in err) when the spec is malformed. */
 RWP_API rwp_parser *rwp_new(const char *spec, char *err, int errlen);
 RWP_API void rwp_free(rwp_parser *p);
 /* Start a new file: line numbers, flags and the string dictionary restart. */
 RWP_API void rwp_reset(rwp_parser *p);
+/* Start another file in the same chunk: line numbers and flags restart; the
+ * chunk's rows and the string dictionary go on (small files, one chunk). */
+RWP_API void rwp_next_file(rwp_parser *p);
 RWP_API int rwp_slot_count(const rwp_parser *p);
 /* Bind the buffers of the next chunk (see above); 0 on success. */
 RWP_API int rwp_bind(rwp_parser *p, int64_t capacity, void *const *values, uint8_t *const *valid);
@@ -85,6 +91,36 @@ RWP_API int64_t rwp_unterminated_line(const rwp_parser *p);
 RWP_API int32_t rwp_string_count(const rwp_parser *p);
 /* Bytes and length of interned string `code` (valid until rwp_reset/rwp_free). */
 RWP_API const char *rwp_string(const rwp_parser *p, int32_t code, int64_t *len);
+/* The dictionary as an Arrow string array's buffers: offsets[0..count] (the
+ * caller's, count + 1 of them) into the returned bytes, *len of them. */
+RWP_API const char *rwp_strings(const rwp_parser *p, int32_t *offsets, int64_t *len);
+
+/* Nested values: the JSON texts a parser kept for 'r' fields, read into the
+ * buffers of an Apache Arrow array of one nested type. The type is a spec of
+ * nodes in preorder:
+ *     i            int64            n     int32 (range-checked)
+ *     s            UTF-8 string     L <node>   a list of <node> (a JSON array)
+ *     S <k> <name> <node> ...       a struct of k named fields (a JSON object;
+ *                                   unknown keys skipped, missing ones null)
+ *     M <node>     a map from string keys to <node> (a JSON object); its key
+ *                  column is the node after it, its values the one after that
+ * Any value may be null. Anything else (another JSON type, a number out of
+ * range, a duplicate key) fails the whole call with its rwp_code: the caller
+ * then reads the texts some other way. Per node, the buffers Arrow wants:
+ * validity bitmap (LSB first), int64/int32 values, int32 offsets (s, L, M: the
+ * node's length + 1), string bytes (s). */
+typedef struct rwn_reader rwn_reader;
+RWP_API rwn_reader *rwn_new(const char *spec, char *err, int errlen);
+RWP_API void rwn_free(rwn_reader *n);
+RWP_API int rwn_node_count(const rwn_reader *n);
+/* Read the interned strings `codes[0..count)` of parser p (a negative code: a
+ * null value); 0 on success. */
+RWP_API int rwn_read(rwn_reader *n, rwp_parser *p, const int32_t *codes, int64_t count);
+/* Node i's length and buffers (NULL where the node has none; valid until the
+ * next rwn_read or rwn_free); *data_len: bytes of string data. */
+RWP_API int64_t rwn_node(const rwn_reader *n, int i, const uint8_t **valid, const void **values,
+                         const int32_t **offsets, const char **data, int64_t *data_len);
+
 /* The collective rows of a parsed chunk in the kept-columns layout (rwkept.h;
  * see rwparse.c). */
 RWP_API int64_t rwp_capture(int64_t rows, const void *const *values, const uint8_t *const *valid,

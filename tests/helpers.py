@@ -80,3 +80,13 @@ def rankwatch(
         timeout=timeout,
         check=False,
     )
+
+
+def chunk_rows_default(rows: int) -> tuple[Any, ...]:
+    """rankwatch.store.native.Reader.__init__'s defaults with chunks of `rows` rows
+    (for monkeypatch.setattr(Reader.__init__, "__defaults__", ...))."""
+    from rankwatch.store import native
+
+    defaults = native.Reader.__init__.__defaults__
+    assert defaults is not None
+    return (rows, *defaults[1:])

@@ -3,9 +3,11 @@
  * buffer or hang. Meant to run under -fsanitize=address,undefined; every buffer
  * handed to the parser is an exact-size heap allocation, so any over-read is
  * caught. Counts are checked for consistency on every run. rwp_capture (the kept
- * collective columns) runs on random chunk columns alongside.
+ * collective columns) runs on random chunk columns alongside. With NESTED_FILE
+ * (one rwn_new spec per line), every interned string is also read as each nested
+ * type, and the dictionary's Arrow buffers (rwp_strings) are checked.
  *
- * usage: fuzz_rwparse SPEC_FILE LINES_FILE ITERATIONS SEED
+ * usage: fuzz_rwparse SPEC_FILE LINES_FILE ITERATIONS SEED [NESTED_FILE]
  */
 #include "rwparse.h"
 #include "rwkept.h"
@@ -92,13 +94,16 @@ static void split_lines(char *text, size_t len, lines_t *out) {
 
 /* One mutated buffer of 1..4 lines; returns its length (the buffer is exact). */
 static uint8_t *mutated(const lines_t *seed, size_t *len) {
-  size_t cap = 0, n = 0;
+  size_t cap = 0, n = 0, picked[4];
   int nlines = 1 + (int)below(4);
-  for (int i = 0; i < nlines; i++) cap += seed->lens[below(seed->n)] + 64;
+  for (int i = 0; i < nlines; i++) {
+    picked[i] = below(seed->n);
+    cap += seed->lens[picked[i]] + 64;
+  }
   cap = cap * 2 + 64;
   uint8_t *tmp = malloc(cap);
   for (int i = 0; i < nlines; i++) {
-    size_t k = below(seed->n);
+    size_t k = picked[i];
     memcpy(tmp + n, seed->lines[k], seed->lens[k]);
     n += seed->lens[k];
     if (i + 1 < nlines || below(2)) tmp[n++] = '\n';
@@ -227,10 +232,66 @@ static int capture_round(uint64_t it) {
   return ok;
 }
 
+#define MAX_NESTED 8
+
+/* Every interned string read as each nested type, one at a time (a text that is
+ * not of the type fails its call alone); the buffers of a read that succeeded are
+ * consistent. Returns 0 on a broken invariant. */
+static uint64_t nested_read; /* texts a nested reader took */
+
+static int nested_round(rwp_parser *p, rwn_reader **nested, int n_nested, uint64_t it) {
+  int ok = 1;
+  int32_t count = rwp_string_count(p);
+  int32_t *offsets = malloc(((size_t)count + 1) * sizeof *offsets);
+  int64_t len = -1;
+  const char *data = rwp_strings(p, offsets, &len);
+  ok = check(offsets[0] == 0 && offsets[count] == len && (data != NULL || len == 0),
+             "dictionary buffers", it);
+  for (int32_t c = 0; ok && c < count; c++)
+    ok = check(offsets[c] <= offsets[c + 1], "dictionary offsets out of order", it);
+  free(offsets);
+  for (int k = 0; ok && k < n_nested; k++) {
+    for (int32_t code = 0; ok && code < count; code++) {
+      if (rwn_read(nested[k], p, &code, 1) != 0) continue;
+      nested_read++;
+      for (int node = 0; ok && node < rwn_node_count(nested[k]); node++) {
+        const uint8_t *valid;
+        const void *values;
+        const int32_t *offs;
+        const char *text;
+        int64_t text_len, n = rwn_node(nested[k], node, &valid, &values, &offs, &text, &text_len);
+        ok = check(n >= 0 && (node > 0 || n == 1), "nested length", it);
+        for (int64_t i = 0; ok && offs && i < n; i++)
+          ok = check(offs[i] <= offs[i + 1], "nested offsets out of order", it);
+        if (ok && offs && n && text) ok = check(offs[n] == text_len, "nested text length", it);
+      }
+    }
+  }
+  return ok;
+}
+
 int main(int argc, char **argv) {
-  if (argc != 5) {
-    fprintf(stderr, "usage: %s SPEC LINES ITERATIONS SEED\n", argv[0]);
+  if (argc != 5 && argc != 6) {
+    fprintf(stderr, "usage: %s SPEC LINES ITERATIONS SEED [NESTED]\n", argv[0]);
     return 2;
+  }
+  rwn_reader *nested[MAX_NESTED];
+  int n_nested = 0;
+  if (argc == 6) {
+    size_t nested_len;
+    char *specs = read_file(argv[5], &nested_len), *line = specs;
+    char *end = specs ? specs + nested_len : NULL;
+    while (line && line < end && n_nested < MAX_NESTED) {
+      char *nl = memchr(line, '\n', (size_t)(end - line));
+      if (nl) *nl = '\0';
+      char err[256];
+      if (*line && !(nested[n_nested++] = rwn_new(line, err, sizeof err))) {
+        fprintf(stderr, "nested spec: %s\n", err);
+        return 2;
+      }
+      line = nl ? nl + 1 : end;
+    }
+    free(specs);
   }
   size_t spec_len, text_len;
   char *spec = read_file(argv[1], &spec_len);
@@ -266,7 +327,11 @@ int main(int argc, char **argv) {
     chunk_t chunk;
     int64_t cap = 1 + (int64_t)below(4);
     chunk_alloc(&chunk, slots, cap);
-    rwp_reset(p);
+    if (below(4) == 0) {
+      rwp_next_file(p); /* the previous iteration's dictionary goes on */
+    } else {
+      rwp_reset(p);
+    }
     /* parse in two pieces (the first without `final`), binding fresh chunks as they fill */
     size_t cut = below(len + 1), pos = 0;
     int64_t rows = 0;
@@ -309,20 +374,22 @@ int main(int argc, char **argv) {
                        "bad flag", it);
     }
     ok = ok && capture_round(it);
+    ok = ok && nested_round(p, nested, n_nested, it);
     accepted += (uint64_t)rows;
     flagged += (uint64_t)bad;
     chunk_free(&chunk);
     free(buf);
   }
   rwp_free(p);
+  for (int k = 0; k < n_nested; k++) rwn_free(nested[k]);
   free(seed.lines);
   free(seed.lens);
   free(text);
   free(spec);
   free(spec_z);
   if (!ok) return 1;
-  printf("ok: %llu iterations, %llu rows accepted, %llu lines flagged\n",
+  printf("ok: %llu iterations, %llu rows accepted, %llu lines flagged, %llu nested texts read\n",
          (unsigned long long)iterations, (unsigned long long)accepted,
-         (unsigned long long)flagged);
+         (unsigned long long)flagged, (unsigned long long)nested_read);
   return 0;
 }

@@ -19,7 +19,7 @@ import duckdb
 import numpy as np
 import pytest
 
-from helpers import NATIVE_DIR, build_sanitized, c_compiler, run_sanitized
+from helpers import NATIVE_DIR, build_sanitized, c_compiler, chunk_rows_default, run_sanitized
 from rankwatch.align import align, collectives, kernels
 from rankwatch.align.clock import HOST_CLOCK_COLUMNS, HostClock, estimate_clocks
 from rankwatch.model import Run
@@ -193,7 +193,7 @@ def test_passes_of_a_simulated_job_give_the_one_pass_sql_tables(
     job: str, sim, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # small chunks: a file's later chunks find their members among those kept before
-    monkeypatch.setattr(native.Reader.__init__, "__defaults__", (512,))
+    monkeypatch.setattr(native.Reader.__init__, "__defaults__", chunk_rows_default(512))
     run, kept = _ingested(sim(job))
     monkeypatch.setattr(kernels, "ROWS_PER_PASS", 1 + kept.rows // 5)
     tables = _align_both(run, kept)

@@ -9,6 +9,7 @@ import contextlib
 import gzip
 import json
 import random
+import re
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -18,7 +19,7 @@ import numpy as np
 import pytest
 from analysis_support import first_op_lines, inspector_coll, write_lines
 
-from helpers import build_sanitized, c_compiler, run_sanitized
+from helpers import build_sanitized, c_compiler, chunk_rows_default, run_sanitized
 from rankwatch import nativelib, schema
 from rankwatch.store import EngineSettings, ingest, native
 from rankwatch.store.engine import DEFAULT_MEMORY_LIMIT
@@ -133,6 +134,31 @@ def test_every_field_the_ops_table_reads_has_a_typed_output_column() -> None:
         assert f"field {group} {name} " in spec
 
 
+def test_the_state_layout_reads_every_state_field_with_duckdbs_types() -> None:
+    """Every field the DuckDB path reads from state records has a column of the
+    native state reader; its nested ones become the Arrow types DuckDB exports."""
+    import duckdb
+
+    from rankwatch.serve.convert import arrow_table
+    from rankwatch.store import native_state
+    from rankwatch.store.tables import state_json_columns
+
+    columns = state_json_columns()
+    shape = native_state.layout()
+    assert [c.name for c in shape.columns] == list(columns)
+    for c in shape.columns:
+        assert f"field . {c.name} {c.code} {c.slot}" in shape.spec.decode()
+        if c.code != "r":
+            assert native.SQL_TO_CODE[columns[c.name]] == c.code
+    nested = native_state.nested_types()
+    assert sorted(nested) == ["colls", "in_flight", "p2p"]
+    for name, arrow in nested.items():
+        exported = arrow_table(duckdb.sql(f"SELECT NULL::{columns[name]} AS x")).schema
+        assert exported.field("x").type == arrow, name
+    with pytest.raises(ValueError, match="no Arrow type"):
+        native_state.arrow_type("UNION(a INTEGER)")
+
+
 def test_the_switch_comes_from_the_environment() -> None:
     assert EngineSettings.from_env({}).native is True
     assert EngineSettings.from_env({"RANKWATCH_NATIVE": "0"}).native is False
@@ -152,7 +178,8 @@ def test_both_readers_give_identical_tables_on_simulated_jobs(
     fast = _ingest(directory, use_native=True, held=held)
     slow = _ingest(directory, use_native=False)
     assert fast.count("ops") > 0
-    assert len(fast.native_files) == len([f for f in fast.files if f.role == "ops"])
+    assert sorted(fast.native_files) == sorted(f.path for f in fast.files)  # state files too
+    assert fast.count("progress") > 0
     assert_same_tables(fast, slow)
     kept, spilled, appended = held_rows(fast)
     n = fast.count("ops")
@@ -186,7 +213,7 @@ def test_small_first_chunks_and_joined_batches_give_the_same_tables(
         stream.write("\n".join(good) + "\n")
     monkeypatch.setattr(native, "MIN_FIRST_ROWS", 3)
     monkeypatch.setattr(native, "SMALL_RECORD_BYTES", 1 << 40)
-    monkeypatch.setattr(native.Reader.__init__, "__defaults__", (7,))
+    monkeypatch.setattr(native.Reader.__init__, "__defaults__", chunk_rows_default(7))
     monkeypatch.setattr(native, "COALESCE_ROWS", 5)
     monkeypatch.setattr(native, "JOIN_BELOW_ROWS", 3)  # files of 3 records go as they are
     joined: list[int] = []
@@ -211,10 +238,11 @@ def test_mapped_files_give_the_same_tables(sim, monkeypatch: pytest.MonkeyPatch)
     """Files larger than READ_WHOLE_BYTES are mapped instead of read (every file
     here, with the threshold at 0), in chunks that drop parsed pages: same tables."""
     monkeypatch.setattr(native, "READ_WHOLE_BYTES", 0)
-    monkeypatch.setattr(native.Reader.__init__, "__defaults__", (50,))  # several chunks
+    several_chunks = chunk_rows_default(50)
+    monkeypatch.setattr(native.Reader.__init__, "__defaults__", several_chunks)
     directory = sim("plain")
     fast = _ingest(directory, use_native=True)
-    assert len(fast.native_files) == len([f for f in fast.files if f.role == "ops"])
+    assert sorted(fast.native_files) == sorted(f.path for f in fast.files)
     assert_same_tables(fast, _ingest(directory, use_native=False))
 
 
@@ -311,6 +339,81 @@ def test_both_readers_give_identical_tables_on_damaged_and_unusual_files(
     assert fast.count("ops") > 60
 
 
+def _state_lines(directory: Path) -> dict[str, list[str]]:
+    """Lines of a simulated state file by kind, from one with in-flight ops."""
+    for path in sorted(directory.glob("*.rwstate.jsonl")):
+        lines = path.read_text(encoding="utf-8").splitlines()
+        if any('"in_flight":[{' in x for x in lines):
+            by_kind: dict[str, list[str]] = {}
+            for line in lines:
+                by_kind.setdefault(json.loads(line)["kind"], []).append(line)
+            return by_kind
+    raise AssertionError("no state file with in-flight ops")
+
+
+def _edited(line: str, **fields: Any) -> str:
+    record = json.loads(line)
+    record.update(fields)
+    return json.dumps(record)
+
+
+@needs_library
+def test_both_readers_give_identical_state_tables_on_damaged_and_unusual_files(
+    sim, tmp_path: Path
+) -> None:
+    """State files: what the native reader takes it reads as DuckDB's reader does
+    (nested values included); the rest it leaves to that path and the careful
+    reader."""
+    kinds = _state_lines(sim("hang"))
+    busy = [x for x in kinds["progress"] if '"in_flight":[{' in x][:3]
+    good = kinds["comm"][:1] + kinds["clock"][:3] + kinds["stats"][:3] + busy
+    run = tmp_path / "run"
+    write_lines(run / "a-pid1.rwstate.jsonl", good + [good[1][:90]], final_newline=False)
+    write_lines(run / "b-pid2.rwstate.jsonl", good + [_edited(good[2], pid="x")])
+    write_lines(run / "c-pid3.rwstate.jsonl", good + [_edited(good[2], kind="mystery")])
+    write_lines(run / "d-pid4.rwstate.jsonl", good + [_edited(good[2], schema=99)])
+    write_lines(run / "e-pid5.rwstate.jsonl", good[:3] + ["", "  "] + good[3:])
+    write_lines(run / "f-pid6.rwstate.jsonl", good + [_edited(busy[0], comm_id=None)])
+    # nested values json_transform types its own way: left to DuckDB's path
+    odd = json.loads(busy[0])
+    odd["colls"]["AllReduce"]["started"] = "soon"
+    write_lines(run / "g-pid7.rwstate.jsonl", good + [json.dumps(odd)])
+    write_lines(run / "h-pid8.rwstate.jsonl", good + [busy[1].replace(
+        '"colls":{', '"colls":{"AllReduce":{"enqueued":1},', 1)])  # fmt: skip
+    # unusual but valid: reordered and unknown keys (nested too), escapes, nulls,
+    # missing nested fields, an empty map and list, no final newline
+    nested = json.loads(busy[0])
+    nested["in_flight"][0].pop("seq")
+    nested["in_flight"][0]["extra"] = {"deep": [1, {"x": None}]}
+    nested["colls"]["All\u0052educe"] = nested["colls"].pop("AllReduce")
+    nested["p2p"] = None
+    nested["hostname"] = "host\twith\u00e9"
+    empty = _edited(busy[1], colls={}, in_flight=[], p2p={"send_enqueued": 3})
+    reordered = json.dumps(dict(reversed(list(json.loads(busy[2]).items()))))
+    write_lines(
+        run / "h-pid9.rwstate.jsonl",
+        good + [json.dumps(nested), empty, reordered, _edited(good[4], surprise=[1, 2])],
+        final_newline=False,
+    )
+    with gzip.open(run / "i-pid10.rwstate.jsonl.gz", "wt", encoding="utf-8") as stream:
+        stream.write("\n".join(good) + "\n")
+    with gzip.open(run / "j-pid11.rwstate.jsonl.gz", "wt", encoding="utf-8") as stream:
+        stream.write("\n".join(good) + "\n" + good[0][:50])
+    (run / "k-pid12.rwstate.jsonl").write_bytes(b"")
+    fast = _ingest(run, use_native=True)
+    slow = _ingest(run, use_native=False)
+    assert_same_tables(fast, slow)
+    taken = sorted(Path(p).name for p in fast.native_files if ".rwstate" in p)
+    assert taken == ["h-pid9.rwstate.jsonl", "i-pid10.rwstate.jsonl.gz", "k-pid12.rwstate.jsonl"]
+    reported = {(Path(p.file).name, p.line, p.kind) for p in fast.problems}
+    assert ("a-pid1.rwstate.jsonl", len(good) + 1, "truncated") in reported
+    assert fast.count("progress") > 10
+    in_flight = fast.con.execute(
+        "SELECT count(*) FROM progress, unnest(in_flight) WHERE source_file LIKE '%h-pid9%'"
+    ).fetchone()
+    assert in_flight is not None and in_flight[0] >= 3
+
+
 @needs_library
 def test_a_file_without_the_library_goes_through_duckdb(
     sim, monkeypatch: pytest.MonkeyPatch
@@ -370,7 +473,7 @@ def _parse_one(
     if reset:
         lib.rwp_reset(reader._p)
     flagged = lib.rwp_flagged(reader._p)
-    chunk = reader._bind_chunk(reader.chunk_rows)
+    chunk = reader.bind_chunk(reader.chunk_rows)
     buf = np.frombuffer(text + b"\n", dtype=np.uint8)
     lib.rwp_parse(reader._p, buf.ctypes.data, len(buf), 1)
     chunk, strings = reader._finish_chunk(chunk)
@@ -463,7 +566,7 @@ def test_null_strings_have_a_valid_code_and_their_batches_combine(sim) -> None:
     with native.Reader(shape) as reader:
         for half in (lines[:20], lines[20:]):  # files of their own
             reader._lib.rwp_reset(reader._p)
-            chunk = reader._bind_chunk(64)
+            chunk = reader.bind_chunk(64)
             buf = np.frombuffer(("\n".join(half) + "\n").encode(), dtype=np.uint8)
             reader._lib.rwp_parse(reader._p, buf.ctypes.data, len(buf), 1)
             chunk, strings = reader._finish_chunk(chunk)
@@ -495,6 +598,31 @@ def test_mangled_lines_never_crash_the_parser_under_sanitizers(sim, tmp_path: Pa
     seeds.write_text("\n".join(first_op_lines(sim("plain"), 40) + p2p + unusual) + "\n")
     for seed in (1, 2):
         run_sanitized(binary, str(spec), str(seeds), "15000", str(seed))
+
+
+@pytest.mark.skipif(c_compiler() is None, reason="no C compiler")
+def test_mangled_state_lines_never_crash_the_parser_or_nested_reader_under_sanitizers(
+    sim, tmp_path: Path
+) -> None:
+    """State records: top-level fields, nested values kept as text and read by the
+    nested reader into Arrow buffers, files going on in one chunk."""
+    from rankwatch.store import native_state
+
+    binary = tmp_path / "fuzz_rwparse"
+    build_sanitized(binary, ["tests/fuzz_rwparse.c", "rwparse.c"], "-D_GNU_SOURCE")
+    spec = tmp_path / "spec.txt"
+    spec.write_bytes(native_state.layout().spec)
+    nested = tmp_path / "nested.txt"
+    types = native_state.nested_types().values()
+    nested.write_text("\n".join(native_state.nested_spec(t) for t in types) + "\n")
+    kinds = _state_lines(sim("hang"))
+    busy = [x for x in kinds["progress"] if '"in_flight":[{' in x][:4]
+    seeds = tmp_path / "seeds.txt"
+    seeds.write_text("\n".join(busy + [v[0] for v in kinds.values()]) + "\n")
+    for seed in (1, 2):
+        out = run_sanitized(binary, str(spec), str(seeds), "6000", str(seed), str(nested))
+        read = re.search(r"(\d+) rows accepted, \d+ lines flagged, (\d+) nested texts read", out)
+        assert read is not None and int(read[1]) > 0 and int(read[2]) > 0, out
 
 
 @needs_library

@@ -8,8 +8,9 @@ one multi-threaded DuckDB scan, leniently (a damaged line becomes a row of kind
 columns or come from a newer schema; 5. re-read only the files with any such
 row with the careful line reader, which reports each bad line once and loads
 the rest (a file whose only damage is a truncated last line is accepted as is,
-with that line reported, by either reader); 6. state files with DuckDB's reader
-(as JSON objects typed with json_transform: load.read_objects_sql) the same way,
+with that line reported, by either reader); 6. state files with the native reader
+(native_state.py) where it takes them whole, the others with DuckDB's reader (as
+JSON objects typed with json_transform: load.read_objects_sql) the same way,
 checked against their line counts; 7. derive what Inspector
 records lack. Both readers give the same tables (tests/analysis/test_native_reader.py).
 """
@@ -25,7 +26,7 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from rankwatch.store import captured, load, native
+from rankwatch.store import captured, load, native, native_state
 from rankwatch.store.checks import check_op, check_state
 from rankwatch.store.discover import RecordFile
 from rankwatch.store.engine import compact
@@ -199,8 +200,22 @@ def ingest_ops(
     return [f.path for f in redo], [f.path for f in files if f.path in taken]
 
 
-def ingest_state(con: Any, files: list[RecordFile], log: ProblemLog, tmpdir: str) -> list[str]:
-    """Load state files; returns the paths that needed the careful reader."""
+def ingest_state(
+    con: Any, files: list[RecordFile], log: ProblemLog, tmpdir: str, native_workers: int = 0
+) -> tuple[list[str], list[str]]:
+    """Load state files; returns the paths that needed the careful reader, and those
+    the native reader took (native_workers > 0: with that many parsing threads;
+    whatever it does not take whole goes through DuckDB's reader as before)."""
+    taken = native_state.load_files(con, files, native_workers) if native_workers else {}
+    return _ingest_state_duckdb(con, [f for f in files if f.path not in taken], log, tmpdir), [
+        f.path for f in files if f.path in taken
+    ]
+
+
+def _ingest_state_duckdb(
+    con: Any, files: list[RecordFile], log: ProblemLog, tmpdir: str
+) -> list[str]:
+    """State files through DuckDB's reader, files with bad lines through the careful one."""
     if not files:
         return []
     with ThreadPoolExecutor(max_workers=1) as pool:

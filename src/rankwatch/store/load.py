@@ -180,9 +180,23 @@ def delete_files(con: Any, table: str, paths: list[str]) -> None:
         con.execute(f"DELETE FROM {table} WHERE source_file IN ({listed})")
 
 
+# A state record is usable when it has a known kind, these fields, and the
+# communicator's for every kind but stats (the native reader checks the same:
+# store.native_state)
+STATE_KEY_FIELDS = ("ts_ns", "hostname", "pid")
+STATE_COMM_KEY_FIELDS = ("comm_id", "rank")
+STATE_UNSCOPED_KINDS = ("stats",)
+
+
+def _all_set(fields: tuple[str, ...]) -> str:
+    return " AND ".join(f"{f} IS NOT NULL" for f in fields)
+
+
 _STATE_KEYS_OK = (
-    "kind IN ('comm', 'progress', 'clock', 'stats') AND ts_ns IS NOT NULL AND hostname IS NOT "
-    "NULL AND pid IS NOT NULL AND (kind = 'stats' OR (comm_id IS NOT NULL AND rank IS NOT NULL))"
+    f"kind IN ({', '.join(sql_str(k) for k in STATE_KIND_OF_TABLE.values())}) "
+    f"AND {_all_set(STATE_KEY_FIELDS)} AND (kind IN "
+    f"({', '.join(sql_str(k) for k in STATE_UNSCOPED_KINDS)}) "
+    f"OR ({_all_set(STATE_COMM_KEY_FIELDS)}))"
 )
 
 
@@ -214,25 +228,37 @@ def stage_state(
     return {path: (int(a), int(b)) for path, a, b in rows}
 
 
+def state_insert_sql(target: str, source: str, transform: dict[str, str] | None = None) -> str:
+    """INSERT INTO target (comms, progress, clock or stats) its kind's rows of
+    `source`, whose columns are state_json_columns() (and source_file); the
+    columns named in `transform` hold JSON text, typed with json_transform."""
+    transform = transform or {}
+    names = [c for c, _ in STATE_TABLE_COLUMNS[target]]
+    exprs = []
+    for c in names:
+        if c == "host":
+            exprs.append("hostname")
+        elif c == "source_format":
+            exprs.append("'rankwatch'")
+        elif target == "stats" and c in DUMP_STATS_FIELDS:
+            exprs.append("NULL")
+        elif c in transform:
+            exprs.append(f'json_transform("{c}", {sql_str(json.dumps(transform[c]))})')
+        else:
+            exprs.append(f'"{c}"')
+    cols = ", ".join(f'"{c}"' for c in names)
+    return (
+        f"INSERT INTO {target} ({cols}) SELECT {', '.join(exprs)} FROM {source} "
+        f"WHERE kind = '{STATE_KIND_OF_TABLE[target]}'"
+    )
+
+
 def distribute_state(con: Any, exclude: list[str], table: str = "raw_state") -> None:
     """Move staged state records into comms, progress, clock and stats; drop the stage."""
     skip = f"AND source_file NOT IN ({', '.join(sql_str(p) for p in exclude)})" if exclude else ""
-    for target, kind in STATE_KIND_OF_TABLE.items():
-        names = [c for c, _ in STATE_TABLE_COLUMNS[target]]
-        exprs = []
-        for c in names:
-            if c == "host":
-                exprs.append("hostname")
-            elif c == "source_format":
-                exprs.append("'rankwatch'")
-            elif target == "stats" and c in DUMP_STATS_FIELDS:
-                exprs.append("NULL")
-            else:
-                exprs.append(f'"{c}"')
-        cols = ", ".join(f'"{c}"' for c in names)
+    for target in STATE_KIND_OF_TABLE:
         con.execute(
-            f"INSERT INTO {target} ({cols}) SELECT {', '.join(exprs)} FROM {table} "
-            f"WHERE kind = '{kind}' AND {_STATE_KEYS_OK} "
+            f"{state_insert_sql(target, table)} AND {_STATE_KEYS_OK} "
             f"AND coalesce(schema, 1) <= {schema.SCHEMA_VERSION} {skip}"
         )
     con.execute(f"DROP TABLE {table}")

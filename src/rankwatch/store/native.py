@@ -67,7 +67,7 @@ FLAG_NAMES = {
     9: "not_object",
 }
 
-_SQL_TO_CODE = {"BIGINT": "i", "DOUBLE": "f", "VARCHAR": "s", "BOOLEAN": "b"}
+SQL_TO_CODE = {"BIGINT": "i", "DOUBLE": "f", "VARCHAR": "s", "BOOLEAN": "b"}
 
 
 # ------------------------------------------------------------------ library
@@ -80,6 +80,7 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
         "rwp_new": (c_p, [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_int]),
         "rwp_free": (None, [c_p]),
         "rwp_reset": (None, [c_p]),
+        "rwp_next_file": (None, [c_p]),
         "rwp_slot_count": (ctypes.c_int, [c_p]),
         "rwp_bind": (ctypes.c_int, [c_p, i64, c_p, c_p]),
         "rwp_parse": (i64, [c_p, c_p, i64, ctypes.c_int]),
@@ -91,8 +92,15 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
         "rwp_unterminated_line": (i64, [c_p]),
         "rwp_string_count": (ctypes.c_int32, [c_p]),
         "rwp_string": (c_p, [c_p, ctypes.c_int32, ctypes.POINTER(i64)]),
+        "rwp_strings": (c_p, [c_p, c_p, ctypes.POINTER(i64)]),
         "rwp_capture": (i64, [i64, c_p, c_p, ctypes.c_int32, c_p, i64, c_p, c_p, c_p, c_p,
                               c_p, c_p, c_p]),
+        "rwn_new": (c_p, [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_int]),
+        "rwn_free": (None, [c_p]),
+        "rwn_node_count": (ctypes.c_int, [c_p]),
+        "rwn_read": (ctypes.c_int, [c_p, c_p, c_p, i64]),
+        "rwn_node": (i64, [c_p, ctypes.c_int, ctypes.POINTER(c_p), ctypes.POINTER(c_p),
+                           ctypes.POINTER(c_p), ctypes.POINTER(c_p), ctypes.POINTER(i64)]),
     }  # fmt: skip
     for name, (restype, argtypes) in sigs.items():
         fn = getattr(lib, name)
@@ -168,7 +176,7 @@ def build_layout() -> Layout:
             lines.append(f"reject {key}")
     for group, fields in OP_GROUP_FIELDS.items():
         for name, sql_type in fields:
-            code = _SQL_TO_CODE[sql_type]
+            code = SQL_TO_CODE[sql_type]
             narrow = used.get((group, name))
             if narrow and code == "i":
                 code = "n"
@@ -227,7 +235,7 @@ def _new_chunk(layout: Layout, rows: int) -> Chunk:
             values.append(np.empty(rows, dtype=np.int64))
         elif code == "f":
             values.append(np.empty(rows, dtype=np.float64))
-        elif code == "s":
+        elif code in "sr":
             # a NULL string keeps its code slot as allocated: zeroed, it is a valid
             # index; Arrow reads even those slots when it combines or unifies
             # dictionaries (the joined batches below, store.held), and crashed on
@@ -278,8 +286,8 @@ class FileOutcome:
         return not self.reject and self.flagged_total == 0
 
 
-class Reader:
-    """One native parser (one per thread), reading whole files chunk by chunk."""
+class Parser:
+    """One native parser (one per thread) and the chunk it fills."""
 
     def __init__(self, layout: Layout, chunk_rows: int = CHUNK_ROWS) -> None:
         lib = load_library()
@@ -289,34 +297,47 @@ class Reader:
         self.layout = layout
         self.chunk_rows = chunk_rows
         self._capacity = chunk_rows  # rows the bound chunk holds
-        self._seen_bytes = self._seen_rows = 0  # of the plain files read (record size)
         err = ctypes.create_string_buffer(256)
         handle = lib.rwp_new(layout.spec, err, len(err))
         if not handle:
             raise RuntimeError(f"native reader: {err.value.decode(errors='replace')}")
         self._p = ctypes.c_void_p(handle)
-        self._kind = column_for(layout, "kind")
-        self._checks = self._key_checks()
 
     def close(self) -> None:
         if self._p:
             self._lib.rwp_free(self._p)
             self._p = ctypes.c_void_p()
 
-    def __enter__(self) -> Reader:
+    def __enter__(self) -> Parser:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _key_checks(self) -> tuple[Column, ...]:
-        """Columns the DuckDB path requires non-null for a clean op (OP_KEY_COLUMNS
-        as the lean projection computes them: host, pid, comm_id, rank, func)."""
-        from rankwatch.store.tables import OP_KEY_COLUMNS
-
-        return tuple(column_for(self.layout, key) for key in OP_KEY_COLUMNS)
-
     # ------------------------------------------------------------ strings
+
+    @property
+    def handle(self) -> ctypes.c_void_p:
+        """The library's parser (for rwn_read)."""
+        return self._p
+
+    def dictionary(self) -> Any:
+        """The string dictionary so far (since the last reset), as an Arrow string array."""
+        import pyarrow as pa
+
+        count = int(self._lib.rwp_string_count(self._p))
+        offsets = np.empty(count + 1, dtype=np.int32)
+        length = ctypes.c_int64()
+        addr = self._lib.rwp_strings(self._p, offsets.ctypes.data, ctypes.byref(length))
+        data = ctypes.string_at(addr, length.value) if length.value else b""
+        buffers = [None, pa.py_buffer(offsets), pa.py_buffer(data)]
+        return pa.Array.from_buffers(pa.string(), count, buffers)
+
+    def string(self, code: int) -> str:
+        """String `code` of the dictionary."""
+        length = ctypes.c_int64()
+        addr = self._lib.rwp_string(self._p, code, ctypes.byref(length))
+        return ctypes.string_at(addr, length.value).decode("utf-8") if addr else ""
 
     def strings(self) -> list[str]:
         """This file's string dictionary so far, by code."""
@@ -327,6 +348,73 @@ class Reader:
             addr = self._lib.rwp_string(self._p, code, ctypes.byref(length))
             out.append(ctypes.string_at(addr, length.value).decode("utf-8"))
         return out
+
+    # -------------------------------------------------------------- chunks
+
+    def reset(self) -> None:
+        """Start a new file (and string dictionary)."""
+        self._lib.rwp_reset(self._p)
+
+    def next_file(self) -> None:
+        """Start another file whose rows go on in the bound chunk (rwp_next_file)."""
+        self._lib.rwp_next_file(self._p)
+
+    def parse(self, addr: int, length: int) -> int:
+        """Parse a whole buffer into the bound chunk; the bytes used (fewer when the
+        chunk is full)."""
+        return int(self._lib.rwp_parse(self._p, addr, length, 1))
+
+    @property
+    def capacity(self) -> int:
+        """Rows the bound chunk holds."""
+        return self._capacity
+
+    def rows(self) -> int:
+        """Rows in the bound chunk."""
+        return int(self._lib.rwp_rows(self._p))
+
+    def bind_chunk(self, rows: int) -> Chunk:
+        """New buffers for `rows` rows, bound: the next rows parsed go there."""
+        chunk = _new_chunk(self.layout, rows)
+        void_pp = ctypes.c_void_p * self.layout.slots
+        values = void_pp(*[(v.ctypes.data if v is not None else None) for v in chunk.values])
+        valid = void_pp(*[v.ctypes.data for v in chunk.valid])
+        if self._lib.rwp_bind(self._p, rows, values, valid) != 0:
+            raise RuntimeError("native reader: rwp_bind failed")
+        self._capacity = rows
+        return chunk
+
+    def note_flags(self, outcome: FileOutcome) -> None:
+        """The current file's lines and flagged lines so far, into `outcome`."""
+        lib, p = self._lib, self._p
+        outcome.lines = int(lib.rwp_lines(p))
+        outcome.flagged_total = int(lib.rwp_flagged(p))
+        outcome.unterminated = int(lib.rwp_unterminated_line(p))
+        line, code = ctypes.c_int64(), ctypes.c_int()
+        outcome.flagged = []
+        for i in range(min(outcome.flagged_total, MAX_FLAGS)):
+            lib.rwp_flag(p, i, ctypes.byref(line), ctypes.byref(code))
+            outcome.flagged.append((line.value, FLAG_NAMES.get(code.value, str(code.value))))
+
+
+class Reader(Parser):
+    """A Parser reading whole op-record files chunk by chunk."""
+
+    def __init__(self, layout: Layout, chunk_rows: int = CHUNK_ROWS) -> None:
+        super().__init__(layout, chunk_rows)
+        self._seen_bytes = self._seen_rows = 0  # of the plain files read (record size)
+        self._kind = column_for(layout, "kind")
+        self._checks = self._key_checks()
+
+    def __enter__(self) -> Reader:
+        return self
+
+    def _key_checks(self) -> tuple[Column, ...]:
+        """Columns the DuckDB path requires non-null for a clean op (OP_KEY_COLUMNS
+        as the lean projection computes them: host, pid, comm_id, rank, func)."""
+        from rankwatch.store.tables import OP_KEY_COLUMNS
+
+        return tuple(column_for(self.layout, key) for key in OP_KEY_COLUMNS)
 
     # ------------------------------------------------------------- checks
 
@@ -363,16 +451,6 @@ class Reader:
 
     # -------------------------------------------------------------- files
 
-    def _bind_chunk(self, rows: int) -> Chunk:
-        chunk = _new_chunk(self.layout, rows)
-        void_pp = ctypes.c_void_p * self.layout.slots
-        values = void_pp(*[(v.ctypes.data if v is not None else None) for v in chunk.values])
-        valid = void_pp(*[v.ctypes.data for v in chunk.valid])
-        if self._lib.rwp_bind(self._p, rows, values, valid) != 0:
-            raise RuntimeError("native reader: rwp_bind failed")
-        self._capacity = rows
-        return chunk
-
     def _first_rows(self, rf: RecordFile) -> int:
         """Rows of a file's first chunk: for a plain file once this reader has seen
         records, _rows_for its size; else its size over a small record's (a dozen
@@ -406,7 +484,7 @@ class Reader:
         the file is known to need the DuckDB path (outcome.reject)."""
         self._lib.rwp_reset(self._p)
         for chunk, strings in self._chunks(rf):
-            self._note_flags(outcome)
+            self.note_flags(outcome)
             # a flagged line is acceptable only as the file's unterminated last line,
             # which is known once the last chunk is parsed
             if outcome.flagged_total and not outcome.truncated_candidate:
@@ -422,20 +500,9 @@ class Reader:
                     return
                 yield chunk, strings
 
-    def _note_flags(self, outcome: FileOutcome) -> None:
-        lib, p = self._lib, self._p
-        outcome.lines = int(lib.rwp_lines(p))
-        outcome.flagged_total = int(lib.rwp_flagged(p))
-        outcome.unterminated = int(lib.rwp_unterminated_line(p))
-        line, code = ctypes.c_int64(), ctypes.c_int()
-        outcome.flagged = []
-        for i in range(min(outcome.flagged_total, MAX_FLAGS)):
-            lib.rwp_flag(p, i, ctypes.byref(line), ctypes.byref(code))
-            outcome.flagged.append((line.value, FLAG_NAMES.get(code.value, str(code.value))))
-
     def _chunks(self, rf: RecordFile) -> Iterator[tuple[Chunk, list[str]]]:
         """Full chunks of rf's records, then the last one (maybe empty)."""
-        chunk = self._bind_chunk(self._first_rows(rf))
+        chunk = self.bind_chunk(self._first_rows(rf))
         if rf.compressed:
             for addr, length, final, keep in _gzip_blocks(rf.path):
                 pos = 0
@@ -444,7 +511,7 @@ class Reader:
                     if not self._full():
                         break  # all complete lines of the block are parsed
                     yield self._finish_chunk(chunk)
-                    chunk = self._bind_chunk(self.chunk_rows)
+                    chunk = self.bind_chunk(self.chunk_rows)
                 keep.append(pos)
         else:
             with _Mapped(rf.path) as mapped:
@@ -456,7 +523,7 @@ class Reader:
                     if not self._full():
                         break
                     yield self._finish_chunk(chunk)
-                    chunk = self._bind_chunk(self._rows_for(mapped.size - pos))
+                    chunk = self.bind_chunk(self._rows_for(mapped.size - pos))
                 self._seen_bytes += pos
                 self._seen_rows += int(self._lib.rwp_lines(self._p))
         yield self._finish_chunk(chunk)
@@ -587,6 +654,19 @@ def arrow_schema(layout: Layout) -> Any:
 _ARROW_TYPES: dict[str, Any] = {}
 
 
+def column_array(code: str, rows: int, values: np.ndarray, valid: Any, dictionary: Any) -> Any:
+    """An Arrow array over a column's buffers as the library filled them: numbers
+    and bools as they are, strings ('s', 'r') as int32 codes into `dictionary`."""
+    import pyarrow as pa
+
+    if not _ARROW_TYPES:
+        _ARROW_TYPES.update(i=pa.int64(), n=pa.int64(), f=pa.float64(), b=pa.bool_())
+    if code in "sr":
+        codes = pa.Array.from_buffers(pa.int32(), rows, [valid, pa.py_buffer(values)])
+        return pa.DictionaryArray.from_arrays(codes, dictionary, safe=False)
+    return pa.Array.from_buffers(_ARROW_TYPES[code], rows, [valid, pa.py_buffer(values)])
+
+
 def to_arrow(
     layout: Layout, chunk: Chunk, strings: list[str], path: str, keys: list[str | None]
 ) -> Any:
@@ -597,8 +677,6 @@ def to_arrow(
     converts only the fields it reads; lean_projection() maps it to `ops`."""
     import pyarrow as pa
 
-    if not _ARROW_TYPES:
-        _ARROW_TYPES.update(i=pa.int64(), n=pa.int64(), f=pa.float64(), b=pa.bool_())
     rows = chunk.rows
     nbits = (rows + 7) // 8
     if len(chunk.valid[0]) > FIT_SLACK * nbits:
@@ -626,15 +704,11 @@ def to_arrow(
         valid = pa.py_buffer(bits)
         values = chunk.values[c.slot]
         assert values is not None
-        if c.code == "s":
-            codes = pa.Array.from_buffers(pa.int32(), rows, [valid, pa.py_buffer(values)])
-            array = pa.DictionaryArray.from_arrays(codes, dictionary, safe=False)
-            if (c.group, c.name) == ("header", "id"):
-                comm_key = pa.DictionaryArray.from_arrays(
-                    codes, pa.array(keys, type=pa.string()), safe=False
-                )
-        else:
-            array = pa.Array.from_buffers(_ARROW_TYPES[c.code], rows, [valid, pa.py_buffer(values)])
+        array = column_array(c.code, rows, values, valid, dictionary)
+        if (c.group, c.name) == ("header", "id"):
+            comm_key = pa.DictionaryArray.from_arrays(
+                array.indices, pa.array(keys, type=pa.string()), safe=False
+            )
         fields.append(array)
     source = pa.DictionaryArray.from_arrays(
         pa.array(np.zeros(rows, dtype=np.int32)), pa.array([path], type=pa.string())

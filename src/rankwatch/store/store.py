@@ -191,7 +191,9 @@ def ingest(
             careful, native_files = ingest_ops(con, ops, log, tmpdir, workers, capture, held)
             compact(con)
         with timed(timings, "state"), reporter.step(f"reading {len(state)} state file(s)"):
-            careful += ingest_state(con, state, log, tmpdir)
+            redo, native_state_files = ingest_state(con, state, log, tmpdir, workers)
+            careful += redo
+            native_files += native_state_files
     derive_inspector_fields(con)
     if held is not None:  # from here on `ops` is only read
         held.install(con, native.lean_projection())
