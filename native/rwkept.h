@@ -19,6 +19,23 @@ enum {
   RW_C_HOST, RW_C_PID, RW_C
 };
 
+/* The chunk columns rwp_groups reads (rankwatch.store.grouped.GROUP_COLUMNS): the
+ * key columns first (string codes, int64), then the ones it aggregates. */
+enum {
+  RW_G_COMM_ID, RW_G_COMM_NAME, RW_G_RANK, RW_G_HOST, RW_G_PID, RW_G_DEVICE, RW_G_FUNC,
+  RW_G_KIND, RW_G_JOB, RW_G_KEYS, /* key columns before this */
+  RW_G_N_RANKS = RW_G_KEYS, RW_G_NNODES, RW_G_ARRIVAL, RW_G_GPU_END, RW_G_ENQUEUE_END,
+  RW_G_GPU_START, RW_G
+};
+/* What rwp_groups keeps of each group, by index of `out_agg` and bit of
+ * `out_valid` (rankwatch.store.grouped.AGGREGATES): max n_ranks, max nnodes, min
+ * arrival, max of (gpu end, else enqueue end, else arrival), min gpu start of the
+ * rows with a gpu end, max gpu end of the rows with a gpu start. */
+enum {
+  RW_A_N_RANKS, RW_A_NNODES, RW_A_FIRST_ARRIVAL, RW_A_LAST_END, RW_A_FIRST_TIMED_START,
+  RW_A_LAST_TIMED_END, RW_A
+};
+
 /* Member keys packed into 64 bits by rwp_capture: comm id code, comm name code + 1,
  * rank, n_ranks + 1 (rankwatch.store.captured compares them, nothing unpacks them). */
 #define RW_KEY_CODE_BITS 12

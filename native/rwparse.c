@@ -1859,3 +1859,112 @@ int64_t rwp_capture(int64_t rows, const void *const *values, const uint8_t *cons
   *packed = fits && k > 0;
   return k;
 }
+
+/* ------------------------------------------------------------------- groups */
+
+#define GROUP_SLOTS_MIN 64
+
+/* A row's value of key column c as int64 (string codes widened), and whether it
+ * has one. */
+static inline int64_t column_at(const void *const *values, const uint8_t *const *valid, int c,
+                             int64_t i, int *has) {
+  *has = bit_at(valid[c], i);
+  if (!*has) return 0;
+  int is_code = c == RW_G_COMM_ID || c == RW_G_COMM_NAME || c == RW_G_HOST ||
+                c == RW_G_FUNC || c == RW_G_KIND || c == RW_G_JOB;
+  return is_code ? ((const int32_t *)values[c])[i] : ((const int64_t *)values[c])[i];
+}
+
+static inline uint64_t mix64(uint64_t h) {
+  h ^= h >> 33;
+  h *= 0xff51afd7ed558ccdull;
+  h ^= h >> 33;
+  return h;
+}
+
+static void aggregate(const void *const *values, const uint8_t *const *valid, int64_t i,
+                      int64_t g, int64_t *const *agg, uint8_t *agg_valid) {
+  int64_t v[RW_A];
+  int has[RW_A] = {0};
+  int ok;
+  v[RW_A_N_RANKS] = column_at(values, valid, RW_G_N_RANKS, i, &has[RW_A_N_RANKS]);
+  v[RW_A_NNODES] = column_at(values, valid, RW_G_NNODES, i, &has[RW_A_NNODES]);
+  v[RW_A_FIRST_ARRIVAL] = column_at(values, valid, RW_G_ARRIVAL, i, &has[RW_A_FIRST_ARRIVAL]);
+  int64_t end = column_at(values, valid, RW_G_GPU_END, i, &ok);
+  int has_end = ok;
+  int64_t start = column_at(values, valid, RW_G_GPU_START, i, &ok);
+  int has_start = ok;
+  v[RW_A_LAST_END] = has_end ? end : column_at(values, valid, RW_G_ENQUEUE_END, i, &ok);
+  has[RW_A_LAST_END] = has_end || ok;
+  if (!has[RW_A_LAST_END]) { /* coalesce(gpu_end, enqueue_end, arrival) */
+    v[RW_A_LAST_END] = v[RW_A_FIRST_ARRIVAL];
+    has[RW_A_LAST_END] = has[RW_A_FIRST_ARRIVAL];
+  }
+  v[RW_A_FIRST_TIMED_START] = start;
+  has[RW_A_FIRST_TIMED_START] = has_start && has_end;
+  v[RW_A_LAST_TIMED_END] = end;
+  has[RW_A_LAST_TIMED_END] = has_end && has_start;
+  static const int is_min[RW_A] = {0, 0, 1, 0, 1, 0};
+  for (int a = 0; a < RW_A; a++) {
+    if (!has[a]) continue;
+    int64_t *slot = &agg[a][g];
+    uint8_t bit = (uint8_t)(1u << a);
+    if (!(agg_valid[g] & bit) || (is_min[a] ? v[a] < *slot : v[a] > *slot)) *slot = v[a];
+    agg_valid[g] |= bit;
+  }
+}
+
+int64_t rwp_groups(int64_t rows, const void *const *values, const uint8_t *const *valid,
+                   int64_t capacity, int32_t *out_row, int64_t *out_count,
+                   int64_t *const *out_agg, uint8_t *out_valid) {
+  if (rows < 0 || capacity < 0) return -1;
+  /* open addressing over group numbers + 1; a group's keys are its first row's */
+  uint64_t slots = GROUP_SLOTS_MIN;
+  while (slots < 2 * (uint64_t)capacity) slots *= 2;
+  int64_t *table = calloc(slots, sizeof *table);
+  int64_t *keys = malloc(((size_t)capacity + 1) * RW_G_KEYS * sizeof *keys);
+  uint16_t *nulls = malloc(((size_t)capacity + 1) * sizeof *nulls);
+  if (!table || !keys || !nulls) {
+    free(table), free(keys), free(nulls);
+    return -1;
+  }
+  int64_t groups = 0;
+  for (int64_t i = 0; i < rows; i++) {
+    int64_t k[RW_G_KEYS];
+    uint16_t null = 0;
+    uint64_t h = 0x9e3779b97f4a7c15ull;
+    for (int c = 0; c < RW_G_KEYS; c++) {
+      int has;
+      k[c] = column_at(values, valid, c, i, &has);
+      if (!has) null |= (uint16_t)(1u << c);
+      h = mix64(h ^ (uint64_t)k[c] ^ ((uint64_t)has << 63));
+    }
+    uint64_t at = h & (slots - 1);
+    int64_t g = -1;
+    while (table[at]) {
+      int64_t c = table[at] - 1;
+      if (nulls[c] == null && memcmp(&keys[c * RW_G_KEYS], k, sizeof k) == 0) {
+        g = c;
+        break;
+      }
+      at = (at + 1) & (slots - 1);
+    }
+    if (g < 0) {
+      if (groups == capacity) {
+        free(table), free(keys), free(nulls);
+        return -1;
+      }
+      g = groups++;
+      table[at] = g + 1;
+      memcpy(&keys[g * RW_G_KEYS], k, sizeof k);
+      nulls[g] = null;
+      out_row[g] = (int32_t)i;
+      out_count[g] = 0;
+      out_valid[g] = 0;
+    }
+    out_count[g]++;
+    aggregate(values, valid, i, g, out_agg, out_valid);
+  }
+  free(table), free(keys), free(nulls);
+  return groups;
+}

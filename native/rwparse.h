@@ -128,6 +128,12 @@ RWP_API int64_t rwp_capture(int64_t rows, const void *const *values, const uint8
                             int32_t *out_row, int32_t *out_func, int64_t *out_seq,
                             int64_t *const *out_values, uint8_t *out_valid, uint64_t *out_key,
                             int64_t *packed);
+/* The ops of a parsed chunk grouped by the key columns of rwkept.h's RW_G_*
+ * (see rwparse.c); the number of groups, or -1 when there are more than
+ * `capacity`. */
+RWP_API int64_t rwp_groups(int64_t rows, const void *const *values, const uint8_t *const *valid,
+                           int64_t capacity, int32_t *out_row, int64_t *out_count,
+                           int64_t *const *out_agg, uint8_t *out_valid);
 
 #ifdef __cplusplus
 }

@@ -232,6 +232,48 @@ static int capture_round(uint64_t it) {
   return ok;
 }
 
+/* rwp_groups over random chunk columns: few or many distinct keys, NULLs, and a
+ * capacity sometimes too small. Returns 0 on a broken invariant. */
+static int groups_round(uint64_t it) {
+  int64_t rows = (int64_t)below(300), capacity = (int64_t)below(64);
+  int many = below(3) == 0;
+  void *values[RW_G];
+  uint8_t *valid[RW_G];
+  for (int c = 0; c < RW_G; c++) {
+    values[c] = calloc((size_t)(rows ? rows : 1), 8);
+    valid[c] = calloc((size_t)(rows + 8) / 8, 1);
+    for (int64_t b = 0; b < (rows + 7) / 8; b++)
+      valid[c][b] = below(4) ? 0xFF : (uint8_t)next_random();
+    for (int64_t i = 0; i < rows; i++) {
+      int64_t v = many ? (int64_t)below(50) : (int64_t)below(2);
+      if (c >= RW_G_KEYS) v = (int64_t)next_random(); /* aggregated: any value */
+      int is_code = c == RW_G_COMM_ID || c == RW_G_COMM_NAME || c == RW_G_HOST ||
+                    c == RW_G_FUNC || c == RW_G_KIND || c == RW_G_JOB;
+      if (is_code) ((int32_t *)values[c])[i] = (int32_t)v;
+      else ((int64_t *)values[c])[i] = v;
+    }
+  }
+  size_t cap = (size_t)(capacity ? capacity : 1);
+  int32_t *out_row = calloc(cap, 4);
+  int64_t *out_count = calloc(cap, 8), *out_agg[RW_A];
+  for (int a = 0; a < RW_A; a++) out_agg[a] = calloc(cap, 8);
+  uint8_t *out_valid = calloc(cap, 1);
+  int64_t n = rwp_groups(rows, (const void *const *)values, (const uint8_t *const *)valid,
+                         capacity, out_row, out_count, out_agg, out_valid);
+  int ok = check(n >= -1 && n <= capacity, "groups out of range", it);
+  int64_t total = 0;
+  for (int64_t g = 0; ok && n > 0 && g < n; g++) {
+    ok = check(out_row[g] >= 0 && out_row[g] < rows && out_count[g] >= 1, "bad group", it);
+    total += out_count[g];
+  }
+  if (ok && n >= 0) ok = check(total == rows, "groups miss rows", it);
+  if (ok && n < 0) ok = check(rows > capacity, "groups refused a chunk that fits", it);
+  for (int c = 0; c < RW_G; c++) free(values[c]), free(valid[c]);
+  for (int a = 0; a < RW_A; a++) free(out_agg[a]);
+  free(out_row), free(out_count), free(out_valid);
+  return ok;
+}
+
 #define MAX_NESTED 8
 
 /* Every interned string read as each nested type, one at a time (a text that is
@@ -374,6 +416,7 @@ int main(int argc, char **argv) {
                        "bad flag", it);
     }
     ok = ok && capture_round(it);
+    ok = ok && groups_round(it);
     ok = ok && nested_round(p, nested, n_nested, it);
     accepted += (uint64_t)rows;
     flagged += (uint64_t)bad;

@@ -4,12 +4,17 @@ count over every op: the numbers read from it must be the ones a scan of ops giv
 from __future__ import annotations
 
 import shutil
+from dataclasses import replace
 
-from analysis_support import inspector_coll, inspector_p2p, write_lines
+import pytest
+from analysis_support import first_op_lines, inspector_coll, inspector_p2p, write_lines
 
+from helpers import chunk_rows_default
 from rankwatch.align import align, groups
 from rankwatch.align.summary import summarize
-from rankwatch.store import ingest
+from rankwatch.store import EngineSettings, ingest, native
+from rankwatch.store.engine import DEFAULT_MEMORY_LIMIT
+from rankwatch.store.grouped import KEPT_GROUPS
 
 
 def _mixed_job(sim, tmp_path):
@@ -71,3 +76,37 @@ def test_op_groups_is_recounted_when_ranks_are_mapped_again(sim, tmp_path) -> No
     align(run)
     after = run.con.execute("SELECT count(*) FROM ops WHERE kind = 'coll'").fetchall()[0][0]
     assert groups.collective_ops(run) == after == before - 10
+
+
+@pytest.mark.parametrize("held_bytes", [None, 1, 0])
+def test_op_groups_counted_while_parsing_equal_a_count_over_ops(
+    sim, tmp_path, monkeypatch, held_bytes
+) -> None:
+    """The native reader counts its rows as it parses (store.grouped); op_groups made
+    from those counts and a count of the rows other readers appended is the table a
+    count over ops gives, whether its rows are held (None), spilled (1) or appended
+    (0: nothing kept, op_groups counted over ops)."""
+    # Given a mixed job with a file the native reader counts chunks of, then leaves
+    # to DuckDB's reader (a damaged line after its first chunks)
+    job = _mixed_job(sim, tmp_path)
+    good = first_op_lines(sim("plain"), 30)
+    write_lines(job / "late-damage-pid77.log", good[:20] + ['{"header": oops'] + good[20:])
+    monkeypatch.setattr(native.Reader.__init__, "__defaults__", chunk_rows_default(7))
+    settings = EngineSettings(DEFAULT_MEMORY_LIMIT, None, None, native=True)
+    store = ingest([job], progress=False, settings=replace(settings, held_bytes=held_bytes))
+    assert any(p.file.endswith("late-damage-pid77.log") for p in store.problems)
+    run = store.run()
+    assert (KEPT_GROUPS in run.meta) == (held_bytes != 0)
+
+    # When op_groups is made (from the counts, where kept)
+    groups.make(run)
+
+    # Then it holds the rows, of the same types, that a count over ops gives
+    run.con.execute(f"CREATE TABLE recount AS {groups.count_sql('ops')}")
+    made = run.con.sql("SELECT * FROM op_groups")
+    assert made.types == run.con.sql("SELECT * FROM recount").types
+    for a, b in (("op_groups", "recount"), ("recount", "op_groups")):
+        only = f"SELECT count(*) FROM (SELECT * FROM {a} EXCEPT ALL SELECT * FROM {b})"
+        assert run.con.execute(only).fetchall()[0][0] == 0, a
+    assert run.con.execute("SELECT count(*) FROM op_groups").fetchall()[0][0] >= 10
+    assert KEPT_GROUPS not in run.meta  # used once: a later make() counts ops again

@@ -9,7 +9,8 @@ from rankwatch.align import clock, collectives, groups, p2p, ranks
 sqlglot = pytest.importorskip("sqlglot")
 
 QUERIES = {
-    "op_groups": groups.OP_GROUPS_SQL,
+    "op_groups": groups.count_sql("ops"),
+    "op_groups_merged": groups.merge_sql(["SELECT * FROM kept", groups.count_sql("ops_appended")]),
     "communicators": ranks.COMMUNICATORS_SQL,
     "comm_members": ranks.MEMBERS_SQL,
     "processes": ranks.PROCESSES_SQL,

@@ -146,6 +146,11 @@ class HeldOps:
         con.execute(f"ALTER TABLE ops RENAME TO {APPENDED_TABLE}")
         con.execute(f"CREATE VIEW ops AS {' UNION ALL '.join(reversed(parts))}")
 
+    def appended_relation(self) -> str:
+        """Where the op rows appended to the table are once installed: the rows of
+        the other readers (none of these)."""
+        return APPENDED_TABLE if self.table is not None or self.files else "ops"
+
     def _typed(self) -> str:
         return ", ".join(f'CAST("{c}" AS {t}) AS "{c}"' for c, t in _columns())
 

@@ -26,7 +26,7 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from rankwatch.store import captured, load, native, native_state
+from rankwatch.store import captured, grouped, load, native, native_state
 from rankwatch.store.checks import check_op, check_state
 from rankwatch.store.discover import RecordFile
 from rankwatch.store.engine import compact
@@ -138,17 +138,20 @@ def _load_native(
     workers: int,
     capture: captured.CollectiveCapture | None = None,
     held: HeldOps | None = None,
+    groups: grouped.GroupCapture | None = None,
 ) -> dict[str, native.FileOutcome]:
     """The native reader over the files of rankwatch records (see native.py); the
     outcomes of the files it took whole, or whole but for a truncated last line
-    (`capture` keeps the collective rows of those, `held` their rows outside the table).
-    Tables are compressed between rounds once they grow large (engine.compact)."""
+    (`capture` keeps the collective rows of those, `held` their rows outside the table,
+    `groups` counts their ops). Tables are compressed between rounds once they grow
+    large (engine.compact)."""
     mine = [f for f in files if f.format == "rankwatch"]
     if not workers or not mine:
         return {}
     outcomes = native.load_files(
-        con, mine, workers, between=lambda: compact(con), capture=capture, held=held
-    )
+        con, mine, workers, between=lambda: compact(con), capture=capture, held=held,
+        groups=groups,
+    )  # fmt: skip
     taken = {}
     for f in mine:
         outcome = outcomes[f.path]
@@ -159,6 +162,8 @@ def _load_native(
             native.drop_rows(con, held, [f.path])
         if capture is not None:
             capture.drop(f.path)
+        if groups is not None:
+            groups.drop(f.path)
     return taken
 
 
@@ -170,16 +175,18 @@ def ingest_ops(
     native_workers: int = 0,
     capture: captured.CollectiveCapture | None = None,
     held: HeldOps | None = None,
+    groups: grouped.GroupCapture | None = None,
 ) -> tuple[list[str], list[str]]:
     """Load op files; returns the paths that needed the careful reader, and those the
     native reader took.
 
     native_workers > 0: files of rankwatch records go through the native reader
     with that many parsing threads first (their collective rows also kept in
-    `capture`, their rows kept by `held` rather than appended);
+    `capture`, their rows kept by `held` rather than appended, their ops counted
+    in `groups`);
     whatever it does not take whole goes through DuckDB's reader as before.
     Problems are reported in file order either way."""
-    taken = _load_native(con, files, native_workers, capture, held)
+    taken = _load_native(con, files, native_workers, capture, held, groups)
     rest = [f for f in files if f.path not in taken]
     per_file = _load_op_files(con, rest)
     redo = []

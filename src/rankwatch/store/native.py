@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from rankwatch import nativelib, schema
-from rankwatch.store import captured
+from rankwatch.store import captured, grouped
 from rankwatch.store.discover import RecordFile
 from rankwatch.store.held import HeldOps
 from rankwatch.store.tables import OP_COLUMNS, OP_GROUP_FIELDS, op_json_columns
@@ -95,6 +95,7 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
         "rwp_strings": (c_p, [c_p, c_p, ctypes.POINTER(i64)]),
         "rwp_capture": (i64, [i64, c_p, c_p, ctypes.c_int32, c_p, i64, c_p, c_p, c_p, c_p,
                               c_p, c_p, c_p]),
+        "rwp_groups": (i64, [i64, c_p, c_p, i64, c_p, c_p, c_p, c_p]),
         "rwn_new": (c_p, [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_int]),
         "rwn_free": (None, [c_p]),
         "rwn_node_count": (ctypes.c_int, [c_p]),
@@ -210,6 +211,11 @@ def column_for(shape: Layout, ops_column: str) -> Column:
 def capture_slots(shape: Layout) -> dict[str, int]:
     """The slot of each ops column a CollectiveCapture reads."""
     return {name: column_for(shape, name).slot for name in captured.CAPTURE_COLUMNS}
+
+
+def group_slots(shape: Layout) -> dict[str, int]:
+    """The slot of each ops column a GroupCapture reads."""
+    return {name: column_for(shape, name).slot for name in grouped.GROUP_COLUMNS}
 
 
 # --------------------------------------------------------------------- chunks
@@ -766,14 +772,17 @@ def _file_batches(
     rf: RecordFile,
     outcome: FileOutcome,
     capture: captured.CollectiveCapture | None = None,
+    groups: grouped.GroupCapture | None = None,
 ) -> Iterator[Any]:
     """rf's records as Arrow batches (Reader.read's chunks, see to_arrow), their
-    collective rows also kept in `capture`."""
+    collective rows also kept in `capture`, their ops counted in `groups`."""
     keys: list[str | None] = []
     for chunk, strings in reader.read(rf, outcome):
         keys += comm_keys(strings[len(keys) :])
         if capture is not None:
             capture.add(rf.path, chunk, strings, keys)
+        if groups is not None:
+            groups.add(rf.path, chunk, strings, keys)
         yield to_arrow(shape, chunk, strings, rf.path, keys)
 
 
@@ -785,6 +794,7 @@ def load_files(
     round_rows: int = ROUND_ROWS,
     capture: captured.CollectiveCapture | None = None,
     held: HeldOps | None = None,
+    groups: grouped.GroupCapture | None = None,
 ) -> dict[str, FileOutcome]:
     """Append the records of `files` to `ops`: `workers` threads parse, and INSERT
     statements stream their chunks into DuckDB, one per round of about
@@ -794,7 +804,8 @@ def load_files(
     fit its budget and writes the rest to Arrow IPC files, appending none. Returns
     each file's outcome; the rows of a file with outcome.reject are removed again
     (it needs the DuckDB path). `capture` keeps the collective rows of every file
-    parsed; the caller drops those of the files it does not take."""
+    parsed, and `groups` counts their ops; the caller drops those of the files it
+    does not take."""
     import pyarrow as pa
 
     shape = layout()
@@ -826,7 +837,7 @@ def load_files(
                         rf = pending.pop()
                     outcome = outcomes[rf.path]
                     try:
-                        batches = _file_batches(reader, shape, rf, outcome, capture)
+                        batches = _file_batches(reader, shape, rf, outcome, capture, groups)
                         first, second = next(batches, None), next(batches, None)
                         if second is None:  # read in one chunk: joined with other files'
                             if first is not None and not outcome.reject:

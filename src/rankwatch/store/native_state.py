@@ -258,7 +258,7 @@ class StateReader:
             data = _contents(rf, outcome)
             if data is None:
                 continue
-            need = len(data) // MIN_LINE_BYTES + 1
+            need = data.count(b"\n") + 1  # rows it can have at most
             if chunk is None or self.reader.rows() + need > self.reader.capacity:
                 if chunk is not None:
                     batches += self._finish(chunk, parts)
@@ -271,8 +271,8 @@ class StateReader:
             self.reader.note_flags(outcome)
             parts.append(_Part(rf, start, self.reader.rows()))
             outcome.rows = self.reader.rows() - start
-            if used < len(buf):
-                outcome.reject = "more records than its size allows for"
+            if used < len(buf):  # cannot be: the chunk had room for every line
+                outcome.reject = "more records than lines"
             elif outcome.flagged_total:  # a truncated last line too: the DuckDB path decides
                 outcome.reject = "flagged line(s): " + ", ".join(
                     f"{line} ({why})" for line, why in outcome.flagged[:3]
@@ -361,9 +361,6 @@ class StateReader:
             arrays.append(native.column_array(c.code, rows, values, valid, dictionary))
         names = ["source_file", *(c.name for c in self.shape.columns)]
         return pa.RecordBatch.from_arrays(arrays, names=names)
-
-
-MIN_LINE_BYTES = 32  # a usable state record is longer: chunks get room for a file's lines
 
 
 def _contents(rf: RecordFile, outcome: native.FileOutcome) -> bytes | None:

@@ -22,6 +22,7 @@ from rankwatch.store.engine import (
     held_budget,
     use_compressed_memory,
 )
+from rankwatch.store.grouped import KEPT_GROUPS, GroupCapture, KeptGroups
 from rankwatch.store.held import HeldOps
 from rankwatch.store.ingest import (
     derive_inspector_fields,
@@ -50,6 +51,9 @@ class Store:
     # the collective ops' alignment columns, kept by the native reader (see
     # rankwatch.store.captured; rankwatch.align checks they match `ops`)
     collectives_kept: CollectiveColumns | None = None
+    # the ops counted per op_groups's columns as the native reader parsed them
+    # (rankwatch.store.grouped; align.groups merges them into op_groups)
+    op_groups_kept: KeptGroups | None = None
     # op rows `ops` reads from Arrow (rankwatch.store.held), kept alive with the store
     held: HeldOps | None = None
 
@@ -70,6 +74,8 @@ class Store:
         }
         if self.collectives_kept is not None:  # handed over: align uses, then drops them
             meta["collectives_kept"], self.collectives_kept = self.collectives_kept, None
+        if self.op_groups_kept is not None:  # likewise (align.groups)
+            meta[KEPT_GROUPS], self.op_groups_kept = self.op_groups_kept, None
         return Run(self.con, {t: t for t in BASE_TABLES}, meta, list(self.problems), self.path)
 
 
@@ -180,7 +186,7 @@ def ingest(
             reporter.step(f"reading {len(ops)} op record file(s)", _query_fraction(con)),
         ):
             workers = settings.native_workers()
-            capture = held = None
+            capture = held = groups = None
             if workers:
                 slots = native.capture_slots(native.layout())
                 capture = CollectiveCapture(slots, native.load_library())
@@ -188,7 +194,12 @@ def ingest(
                 if store_str is None and budget:  # a kept store is written as tables
                     held = HeldOps(budget, settings.spill_parent)
                     held.reserve(con)
-            careful, native_files = ingest_ops(con, ops, log, tmpdir, workers, capture, held)
+                    # counted as parsed: no native row goes to the table then
+                    slots = native.group_slots(native.layout())
+                    groups = GroupCapture(slots, native.load_library())
+            careful, native_files = ingest_ops(
+                con, ops, log, tmpdir, workers, capture, held, groups
+            )
             compact(con)
         with timed(timings, "state"), reporter.step(f"reading {len(state)} state file(s)"):
             redo, native_state_files = ingest_state(con, state, log, tmpdir, workers)
@@ -207,4 +218,6 @@ def ingest(
     )
     if capture is not None:
         store.collectives_kept = capture.finish()
+    if groups is not None and held is not None:
+        store.op_groups_kept = KeptGroups(groups.finish(), held.appended_relation())
     return store
