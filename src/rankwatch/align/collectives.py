@@ -40,18 +40,25 @@ from rankwatch.align import groups, kernels
 from rankwatch.align.clock import correction_sql
 from rankwatch.model import Run
 
-OPS_ALIGNED_SQL = f"""
-CREATE OR REPLACE VIEW ops_aligned AS
+
+def aligned_sql(view: str, source: str) -> str:
+    """A view of the op rows of `source` with their world rank, clock-corrected
+    times and clock bound."""
+    return f"""
+CREATE OR REPLACE VIEW {view} AS
 SELECT o.*, m.world_rank,
        {correction_sql("o.arrival_ns")} AS arrival_c,
        {correction_sql("o.gpu_start_ns")} AS gpu_start_c,
        {correction_sql("o.gpu_end_ns")} AS gpu_end_c,
        c.bound_ns AS clock_bound_ns
-FROM ops o
+FROM {source} o
 LEFT JOIN host_clock c ON c.host = o.host
 LEFT JOIN rank_map m ON m.comm_key = o.comm_key AND m.rank = o.rank AND m.host = o.host
     AND m.pid = o.pid
 """
+
+
+OPS_ALIGNED_SQL = aligned_sql("ops_aligned", "ops")
 
 # The rows of collectives, with corrected times. A view, read twice below, so that
 # nothing of the size of the ops table is materialized (a common table expression

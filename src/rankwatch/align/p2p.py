@@ -10,16 +10,27 @@ counted in run.meta["p2p_unmatched"].
 
 from __future__ import annotations
 
+from rankwatch.align.collectives import aligned_sql
 from rankwatch.model import Run
+from rankwatch.store.p2p_rows import KEPT_P2P
 
 # The P2P ops, with only what the two queries below read, in one scan of ops (a
-# view over rows that each scan converts or reads back from disk: store.held).
-P2P_OPS_SQL = """
+# view over rows that each scan converts or reads back from disk: store.held), or
+# of the P2P rows the native reader kept as it parsed and the others' (`kept`).
+P2P_COLUMNS = (
+    "func, comm_key, comm_name, rank, peer, seq, world_rank, host, msg_bytes, arrival_c, "
+    "gpu_start_c, gpu_end_c, gpu_start_ns, gpu_end_ns, clock_bound_ns"
+)
+P2P_OPS_SQL = f"""
 CREATE OR REPLACE TEMP TABLE p2p_ops AS
-SELECT func, comm_key, comm_name, rank, peer, seq, world_rank, host, msg_bytes, arrival_c,
-       gpu_start_c, gpu_end_c, gpu_start_ns, gpu_end_ns, clock_bound_ns
-FROM ops_aligned WHERE kind = 'p2p'
+SELECT {P2P_COLUMNS} FROM ops_aligned WHERE kind = 'p2p'
 """
+KEPT_VIEW = "rankwatch_kept_p2p"
+# what aligned_sql reads of a P2P row
+KEPT_COLUMNS = (
+    "func, comm_key, comm_name, rank, peer, seq, host, pid, msg_bytes, arrival_ns, "
+    "gpu_start_ns, gpu_end_ns, kind"
+)
 
 P2P_PAIRS_SQL = """
 CREATE OR REPLACE TABLE p2p_pairs AS
@@ -55,8 +66,30 @@ WHERE NOT EXISTS (
 """
 
 
+def _p2p_ops(run: Run) -> None:
+    """p2p_ops: from the rows the native reader kept (store.p2p_rows) and the P2P rows
+    the other readers appended, where it kept them; else from ops."""
+    kept = run.meta.pop(KEPT_P2P, None)
+    if kept is None:
+        run.con.execute(P2P_OPS_SQL)
+        return
+    run.con.register(KEPT_VIEW, kept.table)
+    try:
+        source = (
+            f"(SELECT {KEPT_COLUMNS} FROM {KEPT_VIEW} UNION ALL "
+            f"SELECT {KEPT_COLUMNS} FROM {kept.rest} WHERE kind = 'p2p')"
+        )
+        run.con.execute(aligned_sql("p2p_aligned", source).replace("VIEW", "TEMP VIEW", 1))
+        run.con.execute(
+            f"CREATE OR REPLACE TEMP TABLE p2p_ops AS SELECT {P2P_COLUMNS} FROM p2p_aligned"
+        )
+        run.con.execute("DROP VIEW p2p_aligned")
+    finally:
+        run.con.unregister(KEPT_VIEW)
+
+
 def align_p2p(run: Run) -> None:
-    run.con.execute(P2P_OPS_SQL)
+    _p2p_ops(run)
     try:
         run.con.execute(P2P_PAIRS_SQL)
         run.tables["p2p_pairs"] = "p2p_pairs"

@@ -22,11 +22,11 @@ import json
 import os
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from rankwatch.store import captured, grouped, load, native, native_state
+from rankwatch.store import load, native, native_state
 from rankwatch.store.checks import check_op, check_state
 from rankwatch.store.discover import RecordFile
 from rankwatch.store.engine import compact
@@ -136,22 +136,19 @@ def _load_native(
     con: Any,
     files: list[RecordFile],
     workers: int,
-    capture: captured.CollectiveCapture | None = None,
     held: HeldOps | None = None,
-    groups: grouped.GroupCapture | None = None,
+    keepers: Sequence[native.Keeper] = (),
 ) -> dict[str, native.FileOutcome]:
     """The native reader over the files of rankwatch records (see native.py); the
     outcomes of the files it took whole, or whole but for a truncated last line
-    (`capture` keeps the collective rows of those, `held` their rows outside the table,
-    `groups` counts their ops). Tables are compressed between rounds once they grow
-    large (engine.compact)."""
+    (`held` keeps their rows outside the table, `keepers` what they need of them).
+    Tables are compressed between rounds once they grow large (engine.compact)."""
     mine = [f for f in files if f.format == "rankwatch"]
     if not workers or not mine:
         return {}
     outcomes = native.load_files(
-        con, mine, workers, between=lambda: compact(con), capture=capture, held=held,
-        groups=groups,
-    )  # fmt: skip
+        con, mine, workers, between=lambda: compact(con), held=held, keepers=keepers
+    )
     taken = {}
     for f in mine:
         outcome = outcomes[f.path]
@@ -160,10 +157,8 @@ def _load_native(
             continue
         if outcome.rows and not outcome.reject:  # it goes through DuckDB's reader
             native.drop_rows(con, held, [f.path])
-        if capture is not None:
-            capture.drop(f.path)
-        if groups is not None:
-            groups.drop(f.path)
+        for keeper in keepers:
+            keeper.drop(f.path)
     return taken
 
 
@@ -173,20 +168,18 @@ def ingest_ops(
     log: ProblemLog,
     tmpdir: str,
     native_workers: int = 0,
-    capture: captured.CollectiveCapture | None = None,
     held: HeldOps | None = None,
-    groups: grouped.GroupCapture | None = None,
+    keepers: Sequence[native.Keeper] = (),
 ) -> tuple[list[str], list[str]]:
     """Load op files; returns the paths that needed the careful reader, and those the
     native reader took.
 
     native_workers > 0: files of rankwatch records go through the native reader
-    with that many parsing threads first (their collective rows also kept in
-    `capture`, their rows kept by `held` rather than appended, their ops counted
-    in `groups`);
+    with that many parsing threads first (their rows kept by `held` rather than
+    appended, and by the keepers what each needs of them);
     whatever it does not take whole goes through DuckDB's reader as before.
     Problems are reported in file order either way."""
-    taken = _load_native(con, files, native_workers, capture, held, groups)
+    taken = _load_native(con, files, native_workers, held, keepers)
     rest = [f for f in files if f.path not in taken]
     per_file = _load_op_files(con, rest)
     redo = []

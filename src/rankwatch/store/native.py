@@ -32,14 +32,14 @@ import os
 import queue
 import re
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from rankwatch import nativelib, schema
-from rankwatch.store import captured, grouped
+from rankwatch.store import captured, grouped, p2p_rows
 from rankwatch.store.discover import RecordFile
 from rankwatch.store.held import HeldOps
 from rankwatch.store.tables import OP_COLUMNS, OP_GROUP_FIELDS, op_json_columns
@@ -208,6 +208,18 @@ def column_for(shape: Layout, ops_column: str) -> Column:
     raise KeyError(f"{group}.{name}")
 
 
+class Keeper(Protocol):
+    """Keeps what it needs of each chunk the reader parses (store.captured,
+    store.grouped, store.p2p_rows), and forgets a file's when told."""
+
+    def add(self, path: str, chunk: Chunk, strings: list[str], keys: list[str | None]) -> None:
+        """A parsed chunk of `path`: its string dictionary so far, and the comm_key
+        of each string."""
+
+    def drop(self, path: str) -> None:
+        """Forget what was kept of `path` (the file goes through the DuckDB path)."""
+
+
 def capture_slots(shape: Layout) -> dict[str, int]:
     """The slot of each ops column a CollectiveCapture reads."""
     return {name: column_for(shape, name).slot for name in captured.CAPTURE_COLUMNS}
@@ -216,6 +228,12 @@ def capture_slots(shape: Layout) -> dict[str, int]:
 def group_slots(shape: Layout) -> dict[str, int]:
     """The slot of each ops column a GroupCapture reads."""
     return {name: column_for(shape, name).slot for name in grouped.GROUP_COLUMNS}
+
+
+def p2p_slots(shape: Layout) -> dict[str, int]:
+    """The slot of each ops column a P2PCapture reads."""
+    names = ("kind", *(name for name, _ in p2p_rows.COLUMNS))
+    return {name: column_for(shape, name).slot for name in names}
 
 
 # --------------------------------------------------------------------- chunks
@@ -771,18 +789,15 @@ def _file_batches(
     shape: Layout,
     rf: RecordFile,
     outcome: FileOutcome,
-    capture: captured.CollectiveCapture | None = None,
-    groups: grouped.GroupCapture | None = None,
+    keepers: Sequence[Keeper] = (),
 ) -> Iterator[Any]:
-    """rf's records as Arrow batches (Reader.read's chunks, see to_arrow), their
-    collective rows also kept in `capture`, their ops counted in `groups`."""
+    """rf's records as Arrow batches (Reader.read's chunks, see to_arrow), each
+    chunk also handed to the keepers."""
     keys: list[str | None] = []
     for chunk, strings in reader.read(rf, outcome):
         keys += comm_keys(strings[len(keys) :])
-        if capture is not None:
-            capture.add(rf.path, chunk, strings, keys)
-        if groups is not None:
-            groups.add(rf.path, chunk, strings, keys)
+        for keeper in keepers:
+            keeper.add(rf.path, chunk, strings, keys)
         yield to_arrow(shape, chunk, strings, rf.path, keys)
 
 
@@ -792,9 +807,8 @@ def load_files(
     workers: int,
     between: Callable[[], object] | None = None,
     round_rows: int = ROUND_ROWS,
-    capture: captured.CollectiveCapture | None = None,
     held: HeldOps | None = None,
-    groups: grouped.GroupCapture | None = None,
+    keepers: Sequence[Keeper] = (),
 ) -> dict[str, FileOutcome]:
     """Append the records of `files` to `ops`: `workers` threads parse, and INSERT
     statements stream their chunks into DuckDB, one per round of about
@@ -803,9 +817,9 @@ def load_files(
     `held` takes the chunks instead (store.held): it holds them as long as they
     fit its budget and writes the rest to Arrow IPC files, appending none. Returns
     each file's outcome; the rows of a file with outcome.reject are removed again
-    (it needs the DuckDB path). `capture` keeps the collective rows of every file
-    parsed, and `groups` counts their ops; the caller drops those of the files it
-    does not take."""
+    (it needs the DuckDB path). The keepers keep what they need of every file's
+    chunks as parsed (captured, grouped, p2p_rows); the caller drops it for the files
+    it does not take."""
     import pyarrow as pa
 
     shape = layout()
@@ -837,7 +851,7 @@ def load_files(
                         rf = pending.pop()
                     outcome = outcomes[rf.path]
                     try:
-                        batches = _file_batches(reader, shape, rf, outcome, capture, groups)
+                        batches = _file_batches(reader, shape, rf, outcome, keepers)
                         first, second = next(batches, None), next(batches, None)
                         if second is None:  # read in one chunk: joined with other files'
                             if first is not None and not outcome.reject:

@@ -32,6 +32,7 @@ from rankwatch.store.ingest import (
     timed,
 )
 from rankwatch.store.load import insert_rows
+from rankwatch.store.p2p_rows import KEPT_P2P, KeptP2P, P2PCapture
 from rankwatch.store.problems import ProblemLog
 from rankwatch.store.progress import Reporter, reporter_for
 
@@ -54,6 +55,8 @@ class Store:
     # the ops counted per op_groups's columns as the native reader parsed them
     # (rankwatch.store.grouped; align.groups merges them into op_groups)
     op_groups_kept: KeptGroups | None = None
+    # the P2P ops' alignment columns, likewise (rankwatch.store.p2p_rows; align.p2p)
+    p2p_kept: KeptP2P | None = None
     # op rows `ops` reads from Arrow (rankwatch.store.held), kept alive with the store
     held: HeldOps | None = None
 
@@ -76,6 +79,8 @@ class Store:
             meta["collectives_kept"], self.collectives_kept = self.collectives_kept, None
         if self.op_groups_kept is not None:  # likewise (align.groups)
             meta[KEPT_GROUPS], self.op_groups_kept = self.op_groups_kept, None
+        if self.p2p_kept is not None:  # likewise (align.p2p)
+            meta[KEPT_P2P], self.p2p_kept = self.p2p_kept, None
         return Run(self.con, {t: t for t in BASE_TABLES}, meta, list(self.problems), self.path)
 
 
@@ -186,20 +191,19 @@ def ingest(
             reporter.step(f"reading {len(ops)} op record file(s)", _query_fraction(con)),
         ):
             workers = settings.native_workers()
-            capture = held = groups = None
+            capture = held = groups = p2p = None
             if workers:
-                slots = native.capture_slots(native.layout())
-                capture = CollectiveCapture(slots, native.load_library())
+                shape, lib = native.layout(), native.load_library()
+                capture = CollectiveCapture(native.capture_slots(shape), lib)
                 budget = held_budget(con, settings)
                 if store_str is None and budget:  # a kept store is written as tables
                     held = HeldOps(budget, settings.spill_parent)
                     held.reserve(con)
-                    # counted as parsed: no native row goes to the table then
-                    slots = native.group_slots(native.layout())
-                    groups = GroupCapture(slots, native.load_library())
-            careful, native_files = ingest_ops(
-                con, ops, log, tmpdir, workers, capture, held, groups
-            )
+                    # kept as parsed: no native row goes to the table then
+                    groups = GroupCapture(native.group_slots(shape), lib)
+                    p2p = P2PCapture(native.p2p_slots(shape))
+            keepers = [k for k in (capture, groups, p2p) if k is not None]
+            careful, native_files = ingest_ops(con, ops, log, tmpdir, workers, held, keepers)
             compact(con)
         with timed(timings, "state"), reporter.step(f"reading {len(state)} state file(s)"):
             redo, native_state_files = ingest_state(con, state, log, tmpdir, workers)
@@ -218,6 +222,7 @@ def ingest(
     )
     if capture is not None:
         store.collectives_kept = capture.finish()
-    if groups is not None and held is not None:
+    if groups is not None and p2p is not None and held is not None:
         store.op_groups_kept = KeptGroups(groups.finish(), held.appended_relation())
+        store.p2p_kept = KeptP2P(p2p.finish(), held.appended_relation())
     return store
