@@ -22,7 +22,7 @@ import ctypes
 import functools
 import gzip
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -379,55 +379,55 @@ def _contents(rf: RecordFile, outcome: native.FileOutcome) -> bytes | None:
 def load_files(con: Any, files: list[RecordFile], workers: int) -> dict[str, native.FileOutcome]:
     """Read `files` with `workers` parsing threads and insert the records of those
     taken whole into comms, progress, clock and stats; returns their outcomes (a
-    file not among them needs the DuckDB path)."""
+    file not among them needs the DuckDB path). The inserts run on connections of
+    their own (con's cursors)."""
     import pyarrow as pa
 
     outcomes = {f.path: native.FileOutcome() for f in files}
-    batches: list[list[Any]] = []
-    failures: list[BaseException] = []
 
-    def work(mine: list[RecordFile]) -> None:
-        try:
-            with StateReader() as reader:
-                batches.append(reader.read(mine, outcomes))
-        except BaseException as exc:  # raised in the calling thread below
-            failures.append(exc)
+    def work(mine: list[RecordFile]) -> list[Any]:
+        with StateReader() as reader:
+            return reader.read(mine, outcomes)
 
     n = max(1, min(workers, len(files)))
-    threads = [threading.Thread(target=work, args=(files[i::n],)) for i in range(n)]
+    batches = _in_threads(work, [(files[i::n],) for i in range(n)])
+    taken = [b for part in batches for b in part]
+    if taken:
+        table = pa.Table.from_batches(taken)
+        ((database,),) = con.execute("SELECT current_database()").fetchall()
+        kinds = [t for t in STATE_KIND_OF_TABLE if t != "progress"]
+        # progress (its nested values take DuckDB most of the time) beside the others
+        _in_threads(_insert, [(con, database, table, ["progress"]), (con, database, table, kinds)])
+    return {p: o for p, o in outcomes.items() if not o.reject}
+
+
+def _in_threads(work: Callable[..., Any], calls: list[tuple[Any, ...]]) -> list[Any]:
+    """work(*args) for each of `calls`, each in a thread; their results in order, or
+    the first exception one raised."""
+    results: list[Any] = [None] * len(calls)
+    failures: list[BaseException] = []
+
+    def run(i: int) -> None:
+        try:
+            results[i] = work(*calls[i])
+        except BaseException as exc:  # raised below, in the calling thread
+            failures.append(exc)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(calls))]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
     if failures:
         raise failures[0]
-    taken = [b for part in batches for b in part]
-    if taken:
-        _insert(con, pa.Table.from_batches(taken))
-    return {p: o for p, o in outcomes.items() if not o.reject}
+    return results
 
 
-def _insert(con: Any, table: Any) -> None:
-    """The records into comms, progress, clock and stats: progress (its nested
-    values take DuckDB most of the time) on a connection of its own, beside the
-    others."""
-    failures: list[BaseException] = []
-
-    def insert(cursor: Any, targets: list[str]) -> None:
-        try:
-            cursor.register(SOURCE, table)
-            for target in targets:
-                cursor.execute(load.state_insert_sql(target, SOURCE))
-            cursor.unregister(SOURCE)
-        except BaseException as exc:  # raised in the calling thread below
-            failures.append(exc)
-
-    ((database,),) = con.execute("SELECT current_database()").fetchall()
+def _insert(con: Any, database: str, table: Any, targets: list[str]) -> None:
+    """The records of `table` into the `targets` tables, on a cursor of con's using
+    `database` as con does."""
     with con.cursor() as cursor:
-        cursor.execute('USE "' + database.replace('"', '""') + '"').fetchall()  # as `con`
-        beside = threading.Thread(target=insert, args=(cursor, ["progress"]))
-        beside.start()
-        insert(con, [t for t in STATE_KIND_OF_TABLE if t != "progress"])
-        beside.join()
-    if failures:
-        raise failures[0]
+        cursor.execute('USE "' + database.replace('"', '""') + '"').fetchall()
+        cursor.register(SOURCE, table)
+        for target in targets:
+            cursor.execute(load.state_insert_sql(target, SOURCE))
