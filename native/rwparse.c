@@ -1,6 +1,8 @@
 /* rwparse: see rwparse.h. A strict single-pass JSON tokenizer specialised for
  * objects of typed fields: values of known fields go straight into columnar
  * buffers, strings are interned, and everything else is validated and skipped.
+ * Also: nested values kept as text read into Arrow buffers (rwn_*), and what the
+ * reader keeps of each chunk (rwp_capture: collective rows; rwp_groups: counts).
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE /* strtod_l, newlocale */
@@ -1864,15 +1866,23 @@ int64_t rwp_capture(int64_t rows, const void *const *values, const uint8_t *cons
 
 #define GROUP_SLOTS_MIN 64
 
-/* A row's value of key column c as int64 (string codes widened), and whether it
- * has one. */
-static inline int64_t column_at(const void *const *values, const uint8_t *const *valid, int c,
-                             int64_t i, int *has) {
-  *has = bit_at(valid[c], i);
+static inline int is_code_column(int c) {
+  return c == RW_G_COMM_ID || c == RW_G_COMM_NAME || c == RW_G_HOST || c == RW_G_FUNC ||
+         c == RW_G_KIND || c == RW_G_JOB;
+}
+
+/* The columns of a chunk rwp_groups reads: string codes or int64, and validity. */
+typedef struct {
+  const int32_t *code[RW_G];
+  const int64_t *num[RW_G];
+  const uint8_t *valid[RW_G];
+} group_columns_t;
+
+/* Row i's value of column c as int64 (string codes widened); *has: whether it has one. */
+static inline int64_t column_at(const group_columns_t *t, int c, int64_t i, int *has) {
+  *has = bit_at(t->valid[c], i);
   if (!*has) return 0;
-  int is_code = c == RW_G_COMM_ID || c == RW_G_COMM_NAME || c == RW_G_HOST ||
-                c == RW_G_FUNC || c == RW_G_KIND || c == RW_G_JOB;
-  return is_code ? ((const int32_t *)values[c])[i] : ((const int64_t *)values[c])[i];
+  return t->code[c] ? t->code[c][i] : t->num[c][i];
 }
 
 static inline uint64_t mix64(uint64_t h) {
@@ -1882,21 +1892,19 @@ static inline uint64_t mix64(uint64_t h) {
   return h;
 }
 
-static void aggregate(const void *const *values, const uint8_t *const *valid, int64_t i,
-                      int64_t g, int64_t *const *agg, uint8_t *agg_valid) {
+static inline void aggregate(const group_columns_t *t, int64_t i, int64_t g,
+                             int64_t *const *agg, uint8_t *agg_valid) {
   int64_t v[RW_A];
-  int has[RW_A] = {0};
-  int ok;
-  v[RW_A_N_RANKS] = column_at(values, valid, RW_G_N_RANKS, i, &has[RW_A_N_RANKS]);
-  v[RW_A_NNODES] = column_at(values, valid, RW_G_NNODES, i, &has[RW_A_NNODES]);
-  v[RW_A_FIRST_ARRIVAL] = column_at(values, valid, RW_G_ARRIVAL, i, &has[RW_A_FIRST_ARRIVAL]);
-  int64_t end = column_at(values, valid, RW_G_GPU_END, i, &ok);
-  int has_end = ok;
-  int64_t start = column_at(values, valid, RW_G_GPU_START, i, &ok);
-  int has_start = ok;
-  v[RW_A_LAST_END] = has_end ? end : column_at(values, valid, RW_G_ENQUEUE_END, i, &ok);
+  int has[RW_A], has_end, has_start, ok;
+  v[RW_A_N_RANKS] = column_at(t, RW_G_N_RANKS, i, &has[RW_A_N_RANKS]);
+  v[RW_A_NNODES] = column_at(t, RW_G_NNODES, i, &has[RW_A_NNODES]);
+  v[RW_A_FIRST_ARRIVAL] = column_at(t, RW_G_ARRIVAL, i, &has[RW_A_FIRST_ARRIVAL]);
+  int64_t end = column_at(t, RW_G_GPU_END, i, &has_end);
+  int64_t start = column_at(t, RW_G_GPU_START, i, &has_start);
+  /* coalesce(gpu_end, enqueue_end, arrival) */
+  v[RW_A_LAST_END] = has_end ? end : column_at(t, RW_G_ENQUEUE_END, i, &ok);
   has[RW_A_LAST_END] = has_end || ok;
-  if (!has[RW_A_LAST_END]) { /* coalesce(gpu_end, enqueue_end, arrival) */
+  if (!has[RW_A_LAST_END]) {
     v[RW_A_LAST_END] = v[RW_A_FIRST_ARRIVAL];
     has[RW_A_LAST_END] = has[RW_A_FIRST_ARRIVAL];
   }
@@ -1918,7 +1926,13 @@ int64_t rwp_groups(int64_t rows, const void *const *values, const uint8_t *const
                    int64_t capacity, int32_t *out_row, int64_t *out_count,
                    int64_t *const *out_agg, uint8_t *out_valid) {
   if (rows < 0 || capacity < 0) return -1;
-  /* open addressing over group numbers + 1; a group's keys are its first row's */
+  group_columns_t t;
+  for (int c = 0; c < RW_G; c++) {
+    t.code[c] = is_code_column(c) ? values[c] : NULL;
+    t.num[c] = is_code_column(c) ? NULL : values[c];
+    t.valid[c] = valid[c];
+  }
+  /* open addressing over group numbers + 1; a group's keys kept beside it */
   uint64_t slots = GROUP_SLOTS_MIN;
   while (slots < 2 * (uint64_t)capacity) slots *= 2;
   int64_t *table = calloc(slots, sizeof *table);
@@ -1928,42 +1942,48 @@ int64_t rwp_groups(int64_t rows, const void *const *values, const uint8_t *const
     free(table), free(keys), free(nulls);
     return -1;
   }
-  int64_t groups = 0;
+  int64_t groups = 0, last = -1;
   for (int64_t i = 0; i < rows; i++) {
     int64_t k[RW_G_KEYS];
     uint16_t null = 0;
-    uint64_t h = 0x9e3779b97f4a7c15ull;
     for (int c = 0; c < RW_G_KEYS; c++) {
       int has;
-      k[c] = column_at(values, valid, c, i, &has);
-      if (!has) null |= (uint16_t)(1u << c);
-      h = mix64(h ^ (uint64_t)k[c] ^ ((uint64_t)has << 63));
+      k[c] = column_at(&t, c, i, &has);
+      null |= (uint16_t)(!has << c);
     }
-    uint64_t at = h & (slots - 1);
     int64_t g = -1;
-    while (table[at]) {
-      int64_t c = table[at] - 1;
-      if (nulls[c] == null && memcmp(&keys[c * RW_G_KEYS], k, sizeof k) == 0) {
-        g = c;
-        break;
+    /* rows of a group often follow each other: the last row's first */
+    if (last >= 0 && nulls[last] == null && memcmp(&keys[last * RW_G_KEYS], k, sizeof k) == 0) {
+      g = last;
+    } else {
+      uint64_t h = 0x9e3779b97f4a7c15ull ^ null;
+      for (int c = 0; c < RW_G_KEYS; c++) h = mix64(h ^ (uint64_t)k[c]);
+      uint64_t at = h & (slots - 1);
+      while (table[at]) {
+        int64_t other = table[at] - 1;
+        if (nulls[other] == null && memcmp(&keys[other * RW_G_KEYS], k, sizeof k) == 0) {
+          g = other;
+          break;
+        }
+        at = (at + 1) & (slots - 1);
       }
-      at = (at + 1) & (slots - 1);
-    }
-    if (g < 0) {
-      if (groups == capacity) {
-        free(table), free(keys), free(nulls);
-        return -1;
+      if (g < 0) {
+        if (groups == capacity) {
+          free(table), free(keys), free(nulls);
+          return -1;
+        }
+        g = groups++;
+        table[at] = g + 1;
+        memcpy(&keys[g * RW_G_KEYS], k, sizeof k);
+        nulls[g] = null;
+        out_row[g] = (int32_t)i;
+        out_count[g] = 0;
+        out_valid[g] = 0;
       }
-      g = groups++;
-      table[at] = g + 1;
-      memcpy(&keys[g * RW_G_KEYS], k, sizeof k);
-      nulls[g] = null;
-      out_row[g] = (int32_t)i;
-      out_count[g] = 0;
-      out_valid[g] = 0;
+      last = g;
     }
     out_count[g]++;
-    aggregate(values, valid, i, g, out_agg, out_valid);
+    aggregate(&t, i, g, out_agg, out_valid);
   }
   free(table), free(keys), free(nulls);
   return groups;

@@ -415,6 +415,20 @@ def test_both_readers_give_identical_state_tables_on_damaged_and_unusual_files(
 
 
 @needs_library
+def test_a_file_with_more_strings_than_16_bit_codes_hold_goes_through_duckdb(
+    sim, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Held batches keep strings as 16-bit codes (native.arrow_schema): a file whose
+    dictionary outgrows them is left to DuckDB's reader, with the same tables."""
+    directory = sim("plain")
+    monkeypatch.setattr(native, "MAX_CODES", 3)  # every op file has more
+    fast = _ingest(directory, use_native=True)
+    assert not any(p.endswith(".log") for p in fast.native_files)
+    assert_same_tables(fast, _ingest(directory, use_native=False))
+    assert fast.count("ops") > 0
+
+
+@needs_library
 def test_a_file_without_the_library_goes_through_duckdb(
     sim, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -664,11 +664,14 @@ def flat_name(group: str, name: str) -> str:
 def arrow_schema(layout: Layout) -> Any:
     """The schema of every chunk: the file's path and the communicator's comm_key,
     one BOOLEAN column per group (NULL where the record has no such object, else
-    true), then each field as its own column, named by flat_name()."""
+    true), then each field as its own column, named by flat_name(). Narrower than
+    the parser's buffers, as the batches are held or spilled (store.held): 32-bit
+    integers where the field is range-checked to 32 bits ('n'), strings as 16-bit
+    codes (a file's dictionary has a few dozen; to_arrow refuses more than fit)."""
     import pyarrow as pa
 
-    text = pa.dictionary(pa.int32(), pa.string())
-    arrow = {"i": pa.int64(), "n": pa.int64(), "f": pa.float64(), "b": pa.bool_(), "s": text}
+    text = pa.dictionary(pa.int16(), pa.string())
+    arrow = {"i": pa.int64(), "n": pa.int32(), "f": pa.float64(), "b": pa.bool_(), "s": text}
     columns = [pa.field("source_file", text), pa.field("comm_key", text)]
     columns += [pa.field(g, pa.bool_()) for g in layout.group_slots]
     columns += [pa.field(flat_name(c.group, c.name), arrow[c.code]) for c in layout.columns]
@@ -676,6 +679,9 @@ def arrow_schema(layout: Layout) -> Any:
 
 
 _ARROW_TYPES: dict[str, Any] = {}
+# to_arrow's narrower copies of the parser's columns (see arrow_schema)
+NARROW = {"n": np.int32, "s": np.int16}
+MAX_CODES = np.iinfo(np.int16).max
 
 
 def column_array(code: str, rows: int, values: np.ndarray, valid: Any, dictionary: Any) -> Any:
@@ -712,6 +718,8 @@ def to_arrow(
              for v in chunk.values],
             [v[:nbits].copy() for v in chunk.valid],
         )  # fmt: skip
+    if len(strings) > MAX_CODES:
+        raise ValueError(f"{path}: more than {MAX_CODES} distinct strings")
     dictionary = pa.array(strings, type=pa.string())
     present = {g: chunk.valid[slot] for g, slot in layout.group_slots.items()}
     partial = {g for g, bits in present.items() if not all_set(bits, rows)}
@@ -728,14 +736,21 @@ def to_arrow(
         valid = pa.py_buffer(bits)
         values = chunk.values[c.slot]
         assert values is not None
-        array = column_array(c.code, rows, values, valid, dictionary)
+        if c.code in NARROW:
+            values = values[:rows].astype(NARROW[c.code])
+            type_ = pa.int16() if c.code == "s" else pa.int32()
+            array = pa.Array.from_buffers(type_, rows, [valid, pa.py_buffer(values)])
+            if c.code == "s":
+                array = pa.DictionaryArray.from_arrays(array, dictionary, safe=False)
+        else:
+            array = column_array(c.code, rows, values, valid, dictionary)
         if (c.group, c.name) == ("header", "id"):
             comm_key = pa.DictionaryArray.from_arrays(
                 array.indices, pa.array(keys, type=pa.string()), safe=False
             )
         fields.append(array)
     source = pa.DictionaryArray.from_arrays(
-        pa.array(np.zeros(rows, dtype=np.int32)), pa.array([path], type=pa.string())
+        pa.array(np.zeros(rows, dtype=np.int16)), pa.array([path], type=pa.string())
     )
     assert comm_key is not None
     return pa.RecordBatch.from_arrays(

@@ -1,8 +1,8 @@
 """The native reader of state files (`<host>-pid<pid>.rwstate.jsonl`): the op
 records' parser (native.Parser over librankwatch-rwparse) with a layout of
 top-level fields. Scalar fields become typed columns; the nested ones (progress's
-`colls`, `p2p` and `in_flight`) are kept as their JSON text, then each distinct
-text is read into Arrow arrays of the type DuckDB's reader gives them
+`colls`, `p2p` and `in_flight`) are kept as their JSON text, then each row's
+text is read into an Arrow array of the type DuckDB's reader gives them
 (load.stage_state) by the library's nested reader (rwn_read). INSERTs then fill
 comms, progress, clock and stats with the projection load.distribute_state uses.
 
@@ -115,8 +115,8 @@ def nested_spec(arrow_type: Any) -> str:
 
 
 class NestedReader:
-    """Distinct JSON texts of one nested column (interned strings of a parser)
-    read into an Arrow array of its type; one per thread."""
+    """The JSON texts of one nested column (strings a parser interned) read into an
+    Arrow array of its type; one per thread."""
 
     def __init__(self, arrow_type: Any) -> None:
         lib = native.load_library()
@@ -135,8 +135,8 @@ class NestedReader:
             self._n = ctypes.c_void_p()
 
     def read(self, reader: native.Parser, codes: np.ndarray) -> Any:
-        """The texts of `codes` (int32) as an array of the type, or None when one is
-        not of it."""
+        """The texts of `codes` (int32; a negative code: NULL) as an array of the
+        type, or None when one is not of it."""
         codes = np.ascontiguousarray(codes, dtype=np.int32)
         if self._lib.rwn_read(self._n, reader.handle, codes.ctypes.data, len(codes)):
             return None
