@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from rankwatch.align import groups
 from rankwatch.align.clock import correction_sql
 from rankwatch.model import Run
 
@@ -78,12 +79,14 @@ def rows(run: Run, sql: str, params: dict[str, Any] | None = None) -> list[dict[
 def job_start_ns(run: Run) -> int | None:
     """Earliest arrival on the reference clock, or None when no op has a timestamp.
 
-    Each host's earliest arrival, then corrected: the correction keeps a host's
-    order of times (its drift is far below one), so this is the earliest corrected
-    arrival of ops_aligned without correcting every op."""
+    Each host's earliest arrival (from op_groups: the ops counted once, not a scan of
+    every op), then corrected: the correction keeps a host's order of times (its
+    drift is far below one), so this is the earliest corrected arrival of
+    ops_aligned without correcting every op."""
     value = run.con.execute(
-        f"SELECT min({correction_sql('o.first')}) FROM (SELECT host, min(arrival_ns) AS first "
-        "FROM ops GROUP BY host) AS o LEFT JOIN host_clock c ON c.host = o.host"
+        f"SELECT min({correction_sql('o.first')}) FROM (SELECT host, min(first_arrival_ns) "
+        f"AS first FROM {groups.table(run)} GROUP BY host) AS o "
+        "LEFT JOIN host_clock c ON c.host = o.host"
     ).fetchall()[0][0]
     return None if value is None else int(value)
 
