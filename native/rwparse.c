@@ -1562,7 +1562,7 @@ static int rwn_object(rwn_reader *r, rwp_parser *p, int ni, const uint8_t **ps,
         rwn_node_t *keys = &r->node[n->kid[0]];
         for (int64_t k = first_key; k < keys->len; k++) { /* a map's keys are unique */
           int32_t from = keys->offsets[k], to = keys->offsets[k + 1];
-          if ((size_t)(to - from) == klen && memcmp(keys->data + from, key, klen) == 0)
+          if ((size_t)(to - from) == klen && (klen == 0 || !memcmp(keys->data + from, key, klen)))
             return RWP_E_DUPLICATE;
         }
         if (!rwn_slot(keys) || !rwn_text(keys, key, klen)) return RWP_E_STRINGS;

@@ -380,6 +380,8 @@ def test_both_readers_give_identical_state_tables_on_damaged_and_unusual_files(
     write_lines(run / "g-pid7.rwstate.jsonl", good + [json.dumps(odd)])
     write_lines(run / "h-pid8.rwstate.jsonl", good + [busy[1].replace(
         '"colls":{', '"colls":{"AllReduce":{"enqueued":1},', 1)])  # fmt: skip
+    write_lines(run / "h-pid13.rwstate.jsonl", good + [busy[1].replace(
+        '"colls":{', '"colls":{"":{"enqueued":1},"":{"enqueued":2},', 1)])  # fmt: skip
     # unusual but valid: reordered and unknown keys (nested too), escapes, nulls,
     # missing nested fields, an empty map and list, no final newline
     nested = json.loads(busy[0])
