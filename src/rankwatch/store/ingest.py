@@ -22,7 +22,7 @@ import json
 import os
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -201,12 +201,23 @@ def ingest_ops(
 
 
 def ingest_state(
-    con: Any, files: list[RecordFile], log: ProblemLog, tmpdir: str, native_workers: int = 0
+    con: Any,
+    files: list[RecordFile],
+    log: ProblemLog,
+    tmpdir: str,
+    native_workers: int = 0,
+    native_taken: Callable[[], dict[str, native.FileOutcome]] | None = None,
 ) -> tuple[list[str], list[str]]:
     """Load state files; returns the paths that needed the careful reader, and those
-    the native reader took (native_workers > 0: with that many parsing threads;
-    whatever it does not take whole goes through DuckDB's reader as before)."""
-    taken = native_state.load_files(con, files, native_workers) if native_workers else {}
+    the native reader took (native_workers > 0: with that many parsing threads, or
+    already under way: `native_taken`, from native_state.load_files_in_background).
+    Whatever it does not take whole goes through DuckDB's reader as before."""
+    if native_taken is not None:
+        taken = native_taken()
+    elif native_workers:
+        taken = native_state.load_files(con, files, native_workers)
+    else:
+        taken = {}
     return _ingest_state_duckdb(con, [f for f in files if f.path not in taken], log, tmpdir), [
         f.path for f in files if f.path in taken
     ]

@@ -380,7 +380,60 @@ def load_files(con: Any, files: list[RecordFile], workers: int) -> dict[str, nat
     """Read `files` with `workers` parsing threads and insert the records of those
     taken whole into comms, progress, clock and stats; returns their outcomes (a
     file not among them needs the DuckDB path). The inserts run on connections of
-    their own (con's cursors)."""
+    their own (cursors of con)."""
+    with _Cursors(con) as cursors:
+        return _load(cursors, files, workers)
+
+
+def load_files_in_background(
+    con: Any, files: list[RecordFile], workers: int
+) -> Callable[[], dict[str, native.FileOutcome]]:
+    """load_files in a thread of its own (while the op files are read: it uses no
+    connection the caller uses); the call returned waits for it and returns its
+    outcomes, or raises what it raised."""
+    cursors = _Cursors(con)  # made here: a connection is not shared across threads
+    done: list[dict[str, native.FileOutcome]] = []
+    failures: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            with cursors:
+                done.append(_load(cursors, files, workers))
+        except BaseException as exc:  # raised by the caller of the call returned
+            failures.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+
+    def result() -> dict[str, native.FileOutcome]:
+        thread.join()
+        if failures:
+            raise failures[0]
+        return done[0]
+
+    return result
+
+
+class _Cursors:
+    """Two connections to con's database (its cursors), each using the catalog con
+    uses: the inserts of progress and of the other kinds, beside each other."""
+
+    def __init__(self, con: Any) -> None:
+        ((database,),) = con.execute("SELECT current_database()").fetchall()
+        self.progress, self.others = con.cursor(), con.cursor()
+        use = 'USE "' + database.replace('"', '""') + '"'
+        for cursor in (self.progress, self.others):
+            cursor.execute(use).fetchall()
+
+    def __enter__(self) -> _Cursors:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.progress.close()
+        self.others.close()
+
+
+def _load(cursors: _Cursors, files: list[RecordFile], workers: int) -> dict[str, Any]:
     import pyarrow as pa
 
     outcomes = {f.path: native.FileOutcome() for f in files}
@@ -394,10 +447,10 @@ def load_files(con: Any, files: list[RecordFile], workers: int) -> dict[str, nat
     taken = [b for part in batches for b in part]
     if taken:
         table = pa.Table.from_batches(taken)
-        ((database,),) = con.execute("SELECT current_database()").fetchall()
         kinds = [t for t in STATE_KIND_OF_TABLE if t != "progress"]
         # progress (its nested values take DuckDB most of the time) beside the others
-        _in_threads(_insert, [(con, database, table, ["progress"]), (con, database, table, kinds)])
+        _in_threads(_insert, [(cursors.progress, table, ["progress"]),
+                              (cursors.others, table, kinds)])  # fmt: skip
     return {p: o for p, o in outcomes.items() if not o.reject}
 
 
@@ -423,11 +476,11 @@ def _in_threads(work: Callable[..., Any], calls: list[tuple[Any, ...]]) -> list[
     return results
 
 
-def _insert(con: Any, database: str, table: Any, targets: list[str]) -> None:
-    """The records of `table` into the `targets` tables, on a cursor of con's using
-    `database` as con does."""
-    with con.cursor() as cursor:
-        cursor.execute('USE "' + database.replace('"', '""') + '"').fetchall()
-        cursor.register(SOURCE, table)
+def _insert(cursor: Any, table: Any, targets: list[str]) -> None:
+    """The records of `table` into the `targets` tables, on `cursor`."""
+    cursor.register(SOURCE, table)
+    try:
         for target in targets:
             cursor.execute(load.state_insert_sql(target, SOURCE))
+    finally:
+        cursor.unregister(SOURCE)
