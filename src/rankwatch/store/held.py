@@ -89,6 +89,11 @@ class HeldOps:
         import pyarrow as pa
 
         for batch in batches:
+            if not self.files:
+                # install() reads the files through pyarrow.dataset, whose first
+                # import takes 0.1 to 0.2 s: here the inserting thread mostly waits
+                # for the parsing threads, after ingest the whole job waits for it
+                import pyarrow.dataset  # noqa: F401
             path = os.path.join(self._spill_directory(con), f"ops-{len(self.files):06d}.arrow")
             _write_ipc(path, pa.Table.from_batches([batch]))
             self.files.append(path)
@@ -205,4 +210,3 @@ def _read_ipc(path: str) -> Any:
 
 def _set_limit(con: Any, limit: float) -> None:
     con.execute(f"SET memory_limit = '{int(limit)}B'")
-

@@ -170,9 +170,9 @@ def ingest_ops(
     native_workers: int = 0,
     held: HeldOps | None = None,
     keepers: Sequence[native.Keeper] = (),
-) -> tuple[list[str], list[str]]:
-    """Load op files; returns the paths that needed the careful reader, and those the
-    native reader took.
+) -> tuple[list[str], dict[str, int]]:
+    """Load op files; returns the paths that needed the careful reader, and the op
+    rows of each file the native reader took (in file order).
 
     native_workers > 0: files of rankwatch records go through the native reader
     with that many parsing threads first (their rows kept by `held` rather than
@@ -197,7 +197,7 @@ def ingest_ops(
         load.drop_non_ops(con)
     for f in redo:
         _careful(con, f, log, tmpdir)
-    return [f.path for f in redo], [f.path for f in files if f.path in taken]
+    return [f.path for f in redo], {f.path: taken[f.path].rows for f in files if f.path in taken}
 
 
 def ingest_state(

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from rankwatch import schema
-from rankwatch.store import load, native
+from rankwatch.store import background, load, native
 from rankwatch.store.discover import RecordFile
 from rankwatch.store.tables import STATE_KIND_OF_TABLE, state_json_columns
 
@@ -392,26 +392,12 @@ def load_files_in_background(
     connection the caller uses); the call returned waits for it and returns its
     outcomes, or raises what it raised."""
     cursors = _Cursors(con)  # made here: a connection is not shared across threads
-    done: list[dict[str, native.FileOutcome]] = []
-    failures: list[BaseException] = []
 
-    def run() -> None:
-        try:
-            with cursors:
-                done.append(_load(cursors, files, workers))
-        except BaseException as exc:  # raised by the caller of the call returned
-            failures.append(exc)
+    def run() -> dict[str, native.FileOutcome]:
+        with cursors:
+            return _load(cursors, files, workers)
 
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-
-    def result() -> dict[str, native.FileOutcome]:
-        thread.join()
-        if failures:
-            raise failures[0]
-        return done[0]
-
-    return result
+    return background.start(run)
 
 
 class _Cursors:
