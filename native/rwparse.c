@@ -1342,18 +1342,24 @@ bad:
   return 0;
 }
 
+/* What the constructors share: *err becomes `dummy` (one byte) when the caller gave
+ * no buffer, and is cleared; a zeroed object of `size` bytes, or NULL with "out of
+ * memory" in *err. */
+static void *new_zeroed(size_t size, char **err, int *errlen, char *dummy) {
+  if (!*err || *errlen <= 0) {
+    *err = dummy;
+    *errlen = 1;
+  }
+  (*err)[0] = '\0';
+  void *object = calloc(1, size);
+  if (!object) snprintf(*err, (size_t)*errlen, "out of memory");
+  return object;
+}
+
 rwp_parser *rwp_new(const char *spec, char *err, int errlen) {
   char dummy[1];
-  if (!err || errlen <= 0) {
-    err = dummy;
-    errlen = 1;
-  }
-  err[0] = '\0';
-  rwp_parser *p = calloc(1, sizeof *p);
-  if (!p) {
-    snprintf(err, (size_t)errlen, "out of memory");
-    return NULL;
-  }
+  rwp_parser *p = new_zeroed(sizeof *p, &err, &errlen, dummy);
+  if (!p) return NULL;
   p->root = -1;
   p->c_locale = newlocale(LC_ALL_MASK, "C", (locale_t)0);
   if (!p->c_locale) {
@@ -1729,16 +1735,8 @@ static int rwn_spec_node(rwn_reader *r, const char **ps, const char *name, int d
 
 rwn_reader *rwn_new(const char *spec, char *err, int errlen) {
   char dummy[1];
-  if (!err || errlen <= 0) {
-    err = dummy;
-    errlen = 1;
-  }
-  err[0] = '\0';
-  rwn_reader *r = calloc(1, sizeof *r);
-  if (!r) {
-    snprintf(err, (size_t)errlen, "out of memory");
-    return NULL;
-  }
+  rwn_reader *r = new_zeroed(sizeof *r, &err, &errlen, dummy);
+  if (!r) return NULL;
   const char *s = spec ? spec : "";
   char rest[2];
   if (rwn_spec_node(r, &s, "", 0) < 0 || read_word(&s, rest, sizeof rest)) {

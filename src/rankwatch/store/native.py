@@ -310,22 +310,27 @@ class FileOutcome:
         return not self.reject and self.flagged_total == 0
 
 
+def new_handle(constructor: str, spec: bytes, what: str) -> tuple[ctypes.CDLL, ctypes.c_void_p]:
+    """(the library, the object its `constructor` (rwp_new, rwn_new) made of spec);
+    RuntimeError naming `what` when the library is missing or rejects the spec."""
+    lib = load_library()
+    if lib is None:
+        raise RuntimeError("the native reader library is not installed")
+    err = ctypes.create_string_buffer(256)
+    handle = getattr(lib, constructor)(spec, err, len(err))
+    if not handle:
+        raise RuntimeError(f"{what}: {err.value.decode(errors='replace')}")
+    return lib, ctypes.c_void_p(handle)
+
+
 class Parser:
     """One native parser (one per thread) and the chunk it fills."""
 
     def __init__(self, layout: Layout, chunk_rows: int = CHUNK_ROWS) -> None:
-        lib = load_library()
-        if lib is None:
-            raise RuntimeError("the native reader library is not installed")
-        self._lib = lib
+        self._lib, self._p = new_handle("rwp_new", layout.spec, "native reader")
         self.layout = layout
         self.chunk_rows = chunk_rows
         self._capacity = chunk_rows  # rows the bound chunk holds
-        err = ctypes.create_string_buffer(256)
-        handle = lib.rwp_new(layout.spec, err, len(err))
-        if not handle:
-            raise RuntimeError(f"native reader: {err.value.decode(errors='replace')}")
-        self._p = ctypes.c_void_p(handle)
 
     def close(self) -> None:
         if self._p:

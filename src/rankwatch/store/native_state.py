@@ -119,15 +119,9 @@ class NestedReader:
     Arrow array of its type; one per thread."""
 
     def __init__(self, arrow_type: Any) -> None:
-        lib = native.load_library()
-        if lib is None:
-            raise RuntimeError("the native reader library is not installed")
-        self._lib, self.type = lib, arrow_type
-        err = ctypes.create_string_buffer(256)
-        handle = lib.rwn_new(nested_spec(arrow_type).encode(), err, len(err))
-        if not handle:
-            raise RuntimeError(f"nested reader: {err.value.decode(errors='replace')}")
-        self._n = ctypes.c_void_p(handle)
+        spec = nested_spec(arrow_type).encode()
+        self._lib, self._n = native.new_handle("rwn_new", spec, "nested reader")
+        self.type = arrow_type
 
     def close(self) -> None:
         if self._n:
