@@ -358,6 +358,15 @@ class Partition:
 
     @classmethod
     def of(cls, lib: ctypes.CDLL, kept: CollectiveColumns, passes: int) -> Partition:
+        """kept's rows cut into `passes` passes by seq range (made once per number of
+        passes, kept with the columns)."""
+        made = kept.partitions.get(passes)
+        if made is None:
+            made = kept.partitions[passes] = cls._cut(lib, kept, passes)
+        return made
+
+    @classmethod
+    def _cut(cls, lib: ctypes.CDLL, kept: CollectiveColumns, passes: int) -> Partition:
         sel, starts = np.empty(kept.rows, np.int32), np.empty(passes + 1, np.int64)
         buckets = np.empty(min(PARTITION_BUCKETS, max(2, kept.rows)), np.int64)
         got = lib.rwa_partition(

@@ -77,6 +77,9 @@ class CollectiveColumns:
     seq: np.ndarray
     values: dict[str, np.ndarray]
     valid: np.ndarray
+    # the rows cut into passes (align.kernels.Partition) by number of passes: the
+    # clock's passes and the collectives' read the same ones
+    partitions: dict[int, Any] = field(default_factory=dict)
 
     @property
     def rows(self) -> int:
