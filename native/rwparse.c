@@ -1489,6 +1489,9 @@ struct rwn_reader {
 };
 
 static int rwn_grow(rwn_node_t *n) {
+  /* a list's or map's children are counted by int32 offsets: no more of them (a
+   * file whose lines repeat one long list could pass that) */
+  if (n->len >= INT32_MAX) return 0;
   if (n->len < n->cap) return 1;
   int64_t cap = n->cap ? n->cap * 2 : 64; /* a multiple of 8: whole bitmap bytes */
   uint8_t *valid = realloc(n->valid, (size_t)cap / 8);
@@ -1738,8 +1741,9 @@ rwn_reader *rwn_new(const char *spec, char *err, int errlen) {
   rwn_reader *r = new_zeroed(sizeof *r, &err, &errlen, dummy);
   if (!r) return NULL;
   const char *s = spec ? spec : "";
-  char rest[2];
-  if (rwn_spec_node(r, &s, "", 0) < 0 || read_word(&s, rest, sizeof rest)) {
+  int bad = rwn_spec_node(r, &s, "", 0) < 0;
+  while (*s == ' ' || *s == '\t' || *s == '\n') s++;
+  if (bad || *s) { /* a malformed node, or anything after the type */
     snprintf(err, (size_t)errlen, "bad nested type spec");
     rwn_free(r);
     return NULL;
