@@ -431,6 +431,46 @@ def test_a_file_with_more_strings_than_16_bit_codes_hold_goes_through_duckdb(
 
 
 @needs_library
+def test_small_files_whose_strings_together_outgrow_16_bit_codes_are_joined_apart(
+    sim, tmp_path: Path
+) -> None:
+    """Small files' batches are joined (their dictionaries unified) before DuckDB:
+    three files of 2,000 records with 14,000 distinct strings each, 42,000 together,
+    more than the 16-bit codes hold; joined apart, with the DuckDB reader's tables
+    (joined whole, pyarrow refused the union and the ingest failed)."""
+    template = json.loads(first_op_lines(sim("plain"), 1)[0])
+    run = tmp_path / "run"
+    for f in range(3):
+        lines = []
+        for i in range(2000):
+            record = json.loads(json.dumps(template))
+            tag = f"{f}-{i}"
+            record["header"]["comm_name"] = f"name-{tag}"
+            ext = record["rankwatch"]
+            for field in ("job_id", "datatype", "algo", "proto"):
+                ext[field] = f"{field}-{tag}"
+            record["metadata"]["hostname"] = f"host-{tag}"
+            record["header"]["id"] = f"0x{f:04x}{i:012x}"
+            lines.append(json.dumps(record))
+        write_lines(run / f"big{f}-pid{f}.log", lines)
+    one_thread = EngineSettings(DEFAULT_MEMORY_LIMIT, None, 1, native=True)
+    fast = ingest([run], progress=False, settings=one_thread)  # one parser: files joined
+    assert len(fast.native_files) == 3
+    assert fast.count("ops") == 6000
+    assert_same_tables(fast, _ingest(run, use_native=False))
+
+
+@needs_library
+def test_a_nested_type_spec_with_anything_after_the_type_is_refused() -> None:
+    for spec in (b"i", b"L s ", b"S 1 a i"):
+        lib, handle = native.new_handle("rwn_new", spec, "nested reader")
+        lib.rwn_free(handle)
+    for spec in (b"i extra", b"i x", b"S 1 a i zz", b"L"):
+        with pytest.raises(RuntimeError, match="nested reader: bad nested type spec"):
+            native.new_handle("rwn_new", spec, "nested reader")
+
+
+@needs_library
 def test_a_file_without_the_library_goes_through_duckdb(
     sim, monkeypatch: pytest.MonkeyPatch
 ) -> None:

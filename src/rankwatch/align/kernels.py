@@ -228,8 +228,10 @@ def _in_parallel(work: Callable[[int], Any], passes: int) -> Iterator[Any]:
 
 
 def usable_kept(run: Any, release: bool = False) -> CollectiveColumns | None:
-    """The collective columns the native reader kept, when they are exactly the ops
-    table's collective rows (every op came through it) and the kernels exist;
+    """The collective columns the native reader kept, when they number all the run's
+    collective ops by op_groups (every collective came through the native reader;
+    op_groups counts its rows as they were parsed, where they are held outside the
+    table, and the other readers' rows in the table) and the kernels exist;
     release=True drops them from the run (the last use)."""
     kept = run.meta.pop("collectives_kept", None) if release else run.meta.get("collectives_kept")
     if kept is None or library() is None:

@@ -672,7 +672,8 @@ def arrow_schema(layout: Layout) -> Any:
     true), then each field as its own column, named by flat_name(). Narrower than
     the parser's buffers, as the batches are held or spilled (store.held): 32-bit
     integers where the field is range-checked to 32 bits ('n'), strings as 16-bit
-    codes (a file's dictionary has a few dozen; to_arrow refuses more than fit)."""
+    codes (a file's dictionary has a few dozen; to_arrow refuses more than fit, and
+    _Coalescer joins no more files than their dictionaries' codes fit)."""
     import pyarrow as pa
 
     text = pa.dictionary(pa.int16(), pa.string())
@@ -780,15 +781,21 @@ class _Coalescer:
     def __init__(self, emit: Callable[[Any], None]) -> None:
         self.emit = emit
         self.held: list[Any] = []
-        self.rows = self.bytes = 0
+        self.rows = self.bytes = self.codes = 0
 
     def add(self, batch: Any) -> None:
         if batch.num_rows >= JOIN_BELOW_ROWS:  # large enough as it is: no copy
             self.emit(batch)
             return
+        # the joined batch's dictionaries are the union of the files': they must
+        # stay within the 16-bit codes (arrow_schema), or joining them fails
+        codes = max(len(column.dictionary) for column in batch.columns[:2])
+        if self.held and self.codes + codes > MAX_CODES:
+            self.flush()
         self.held.append(batch)
         self.rows += batch.num_rows
         self.bytes += batch.get_total_buffer_size()
+        self.codes += codes
         if self.rows >= COALESCE_ROWS or self.bytes >= COALESCE_BYTES:
             self.flush()
 
@@ -801,7 +808,7 @@ class _Coalescer:
             table = pa.Table.from_batches(self.held).combine_chunks()
             for batch in table.to_batches():
                 self.emit(batch)
-        self.held, self.rows, self.bytes = [], 0, 0
+        self.held, self.rows, self.bytes, self.codes = [], 0, 0, 0
 
 
 def _file_batches(
