@@ -226,8 +226,14 @@ class StateReader:
         shape = layout()
         self.shape, self.chunk_rows = shape, chunk_rows
         self.reader = native.Parser(shape)
-        self.checks = StateChecks(shape)
-        self.nested = {name: NestedReader(t) for name, t in nested_types().items()}
+        self.nested: dict[str, NestedReader] = {}
+        try:  # what was made is freed when the rest cannot be
+            self.checks = StateChecks(shape)
+            for name, arrow_type in nested_types().items():
+                self.nested[name] = NestedReader(arrow_type)
+        except BaseException:
+            self.close()
+            raise
         self._outcomes: dict[str, native.FileOutcome] = {}
 
     def close(self) -> None:
