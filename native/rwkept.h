@@ -27,6 +27,11 @@ enum {
   RW_G_N_RANKS = RW_G_KEYS, RW_G_NNODES, RW_G_ARRIVAL, RW_G_GPU_END, RW_G_ENQUEUE_END,
   RW_G_GPU_START, RW_G
 };
+/* Whether rwp_groups's column c holds string codes (int32), not int64 values. */
+static inline int rw_g_is_code(int c) {
+  return c == RW_G_COMM_ID || c == RW_G_COMM_NAME || c == RW_G_HOST || c == RW_G_FUNC ||
+         c == RW_G_KIND || c == RW_G_JOB;
+}
 /* What rwp_groups keeps of each group, by index of `out_agg` and bit of
  * `out_valid` (rankwatch.store.grouped.AGGREGATES): max n_ranks, max nnodes, min
  * arrival, max of (gpu end, else enqueue end, else arrival), min gpu start of the

@@ -1868,11 +1868,6 @@ int64_t rwp_capture(int64_t rows, const void *const *values, const uint8_t *cons
 
 #define GROUP_SLOTS_MIN 64
 
-static inline int is_code_column(int c) {
-  return c == RW_G_COMM_ID || c == RW_G_COMM_NAME || c == RW_G_HOST || c == RW_G_FUNC ||
-         c == RW_G_KIND || c == RW_G_JOB;
-}
-
 /* The columns of a chunk rwp_groups reads: string codes or int64, and validity. */
 typedef struct {
   const int32_t *code[RW_G];
@@ -1930,8 +1925,8 @@ int64_t rwp_groups(int64_t rows, const void *const *values, const uint8_t *const
   if (rows < 0 || capacity < 0) return -1;
   group_columns_t t;
   for (int c = 0; c < RW_G; c++) {
-    t.code[c] = is_code_column(c) ? values[c] : NULL;
-    t.num[c] = is_code_column(c) ? NULL : values[c];
+    t.code[c] = rw_g_is_code(c) ? values[c] : NULL;
+    t.num[c] = rw_g_is_code(c) ? NULL : values[c];
     t.valid[c] = valid[c];
   }
   /* open addressing over group numbers + 1; a group's keys kept beside it */

@@ -247,9 +247,7 @@ static int groups_round(uint64_t it) {
     for (int64_t i = 0; i < rows; i++) {
       int64_t v = many ? (int64_t)below(50) : (int64_t)below(2);
       if (c >= RW_G_KEYS) v = (int64_t)next_random(); /* aggregated: any value */
-      int is_code = c == RW_G_COMM_ID || c == RW_G_COMM_NAME || c == RW_G_HOST ||
-                    c == RW_G_FUNC || c == RW_G_KIND || c == RW_G_JOB;
-      if (is_code) ((int32_t *)values[c])[i] = (int32_t)v;
+      if (rw_g_is_code(c)) ((int32_t *)values[c])[i] = (int32_t)v;
       else ((int64_t *)values[c])[i] = v;
     }
   }

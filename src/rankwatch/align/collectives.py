@@ -41,11 +41,11 @@ from rankwatch.align.clock import correction_sql
 from rankwatch.model import Run
 
 
-def aligned_sql(view: str, source: str) -> str:
-    """A view of the op rows of `source` with their world rank, clock-corrected
-    times and clock bound."""
+def aligned_sql(view: str, source: str, temp: bool = False) -> str:
+    """A view (temporary: `temp`) of the op rows of `source` with their world rank,
+    clock-corrected times and clock bound."""
     return f"""
-CREATE OR REPLACE VIEW {view} AS
+CREATE OR REPLACE {"TEMP " if temp else ""}VIEW {view} AS
 SELECT o.*, m.world_rank,
        {correction_sql("o.arrival_ns")} AS arrival_c,
        {correction_sql("o.gpu_start_ns")} AS gpu_start_c,

@@ -79,12 +79,12 @@ def _p2p_ops(run: Run) -> None:
             f"(SELECT {KEPT_COLUMNS} FROM {KEPT_VIEW} UNION ALL "
             f"SELECT {KEPT_COLUMNS} FROM {kept.rest} WHERE kind = 'p2p')"
         )
-        run.con.execute(aligned_sql("p2p_aligned", source).replace("VIEW", "TEMP VIEW", 1))
+        run.con.execute(aligned_sql("p2p_aligned", source, temp=True))
         run.con.execute(
             f"CREATE OR REPLACE TEMP TABLE p2p_ops AS SELECT {P2P_COLUMNS} FROM p2p_aligned"
         )
-        run.con.execute("DROP VIEW p2p_aligned")
-    finally:
+    finally:  # nothing left reading the registered view
+        run.con.execute("DROP VIEW IF EXISTS p2p_aligned")
         run.con.unregister(KEPT_VIEW)
 
 

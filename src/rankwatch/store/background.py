@@ -33,3 +33,19 @@ def start(work: Callable[[], T]) -> Callable[[], T]:
         return done[0]
 
     return result
+
+
+def run_all(works: list[Callable[[], T]]) -> list[T]:
+    """Each of works on a thread of its own, all at once; their results in order once
+    every one has ended (none is left running), or the first error one raised."""
+    waits = [start(work) for work in works]
+    results: list[T] = []
+    failures: list[BaseException] = []
+    for wait in waits:
+        try:
+            results.append(wait())
+        except BaseException as exc:  # the others are waited for first
+            failures.append(exc)
+    if failures:
+        raise failures[0]
+    return results

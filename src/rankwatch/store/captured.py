@@ -35,6 +35,8 @@ from typing import Any
 
 import numpy as np
 
+from rankwatch.store.bitmaps import bits_at
+
 # The chunk columns rwp_capture reads (native/rwkept.h: RW_C_*), each the ops column
 # of that name as the native reader fills it (rankwatch.store.native.capture_slots).
 CAPTURE_COLUMNS = ("kind", "func", "seq", "msg_bytes", "arrival_ns", "gpu_start_ns",
@@ -217,7 +219,7 @@ class CollectiveCapture:
     def _present(self, chunk: Any, name: str, rows: Any) -> Any:
         """Validity of column `name` at `rows` (an index array, or one row): 1 or 0."""
         bits = chunk.valid[self._slots[name]]
-        return ((bits[rows >> 3] >> (rows & 7)) & 1).astype(np.int64)
+        return bits_at(bits, rows).astype(np.int64)
 
     def _member(self, state: _FileState, chunk: Any, row: int) -> Member:
         """The member of one row of the chunk, its strings as job-wide codes."""

@@ -24,6 +24,8 @@ from typing import Any
 
 import numpy as np
 
+from rankwatch.store.bitmaps import bits_at
+
 # The chunk columns rwp_groups reads, in native/rwkept.h's RW_G_* order: the
 # grouping columns, then those it aggregates (each the ops column of that name as
 # the native reader fills it).
@@ -76,7 +78,7 @@ class GroupCapture:
         parts = self._files.setdefault(path, [])
         columns = {name: self._column(chunk, name, first, strings) for name in KEY_COLUMNS}
         ids = chunk.values[self._index["comm_id"]][first]
-        has_id = _bits(chunk.valid[self._index["comm_id"]], first)
+        has_id = bits_at(chunk.valid[self._index["comm_id"]], first).tolist()
         pairs = zip(ids.tolist(), has_id, strict=True)
         columns["comm_key"] = [keys[i] if h else None for i, h in pairs]
         kept = [
@@ -121,7 +123,7 @@ class GroupCapture:
     def _column(self, chunk: Any, name: str, rows: Any, strings: list[str]) -> list[Any]:
         """Column `name` at `rows`: values, strings for codes, None where NULL."""
         slot = self._index[name]
-        has = _bits(chunk.valid[slot], rows)
+        has = bits_at(chunk.valid[slot], rows).tolist()
         values = chunk.values[slot][rows].tolist()
         if name in STRING_COLUMNS:
             return [strings[v] if h else None for v, h in zip(values, has, strict=True)]
@@ -142,7 +144,3 @@ class GroupCapture:
         arrays = [pa.array(c, type=f.type) for c, f in zip(columns, schema, strict=True)]
         return pa.table(arrays, schema=schema)
 
-
-def _bits(bitmap: np.ndarray, rows: Any) -> list[bool]:
-    """LSB-first validity bits of `rows`."""
-    return ((bitmap[rows >> 3] >> (rows & 7)) & 1).astype(bool).tolist()

@@ -744,7 +744,7 @@ def to_arrow(
         assert values is not None
         if c.code in NARROW:
             values = values[:rows].astype(NARROW[c.code])
-            type_ = pa.int16() if c.code == "s" else pa.int32()
+            type_ = pa.from_numpy_dtype(values.dtype)
             array = pa.Array.from_buffers(type_, rows, [valid, pa.py_buffer(values)])
             if c.code == "s":
                 array = pa.DictionaryArray.from_arrays(array, dictionary, safe=False)

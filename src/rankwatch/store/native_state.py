@@ -21,7 +21,6 @@ from __future__ import annotations
 import ctypes
 import functools
 import gzip
-import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -429,37 +428,15 @@ def _load(cursors: _Cursors, files: list[RecordFile], workers: int) -> dict[str,
             return reader.read(mine, outcomes)
 
     n = max(1, min(workers, len(files)))
-    batches = _in_threads(work, [(files[i::n],) for i in range(n)])
+    batches = background.run_all([functools.partial(work, files[i::n]) for i in range(n)])
     taken = [b for part in batches for b in part]
     if taken:
         table = pa.Table.from_batches(taken)
         kinds = [t for t in STATE_KIND_OF_TABLE if t != "progress"]
         # progress (its nested values take DuckDB most of the time) beside the others
-        _in_threads(_insert, [(cursors.progress, table, ["progress"]),
-                              (cursors.others, table, kinds)])  # fmt: skip
+        background.run_all([functools.partial(_insert, cursors.progress, table, ["progress"]),
+                            functools.partial(_insert, cursors.others, table, kinds)])  # fmt: skip
     return {p: o for p, o in outcomes.items() if not o.reject}
-
-
-def _in_threads(work: Callable[..., Any], calls: list[tuple[Any, ...]]) -> list[Any]:
-    """work(*args) for each of `calls`, each in a thread; their results in order, or
-    the first exception one raised."""
-    results: list[Any] = [None] * len(calls)
-    failures: list[BaseException] = []
-
-    def run(i: int) -> None:
-        try:
-            results[i] = work(*calls[i])
-        except BaseException as exc:  # raised below, in the calling thread
-            failures.append(exc)
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(calls))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if failures:
-        raise failures[0]
-    return results
 
 
 def _insert(cursor: Any, table: Any, targets: list[str]) -> None:

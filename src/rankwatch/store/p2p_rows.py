@@ -22,6 +22,8 @@ from typing import Any
 
 import numpy as np
 
+from rankwatch.store.bitmaps import bits_at
+
 # The ops columns kept (each the ops column of that name as the native reader fills
 # it), with their types in `ops`; comm_key is derived from comm_id, kind is 'p2p'.
 COLUMNS = (("func", "string"), ("comm_id", "string"), ("comm_name", "string"),
@@ -94,7 +96,7 @@ def _part(
     arrays = []
     for name, kind in COLUMNS:
         bits = chunk.valid[slots[name]]
-        missing = ((bits[rows >> 3] >> (rows & 7)) & 1) == 0
+        missing = bits_at(bits, rows) == 0
         values = chunk.values[slots[name]][rows]
         if kind == "string":
             indices = pa.array(values.astype(np.int32), mask=missing)

@@ -54,7 +54,7 @@ class Store:
     timings: dict[str, float] = field(default_factory=dict)
     native_files: list[str] = field(default_factory=list)  # read by the native reader
     # the collective ops' alignment columns, kept by the native reader (see
-    # rankwatch.store.captured; rankwatch.align checks they match `ops`)
+    # rankwatch.store.captured; rankwatch.align checks their number against op_groups)
     collectives_kept: CollectiveColumns | None = None
     # the ops counted per op_groups's columns as the native reader parsed them
     # (rankwatch.store.grouped; align.groups merges them into op_groups)
@@ -252,7 +252,7 @@ def ingest(
     )
     if collectives is not None:
         store.collectives_kept = collectives()
-    if groups is not None and p2p is not None and held is not None:
+    if held is not None and groups is not None and p2p is not None:  # made with `held`
         store.op_groups_kept = KeptGroups(groups.finish(), held.appended_relation())
         store.p2p_kept = KeptP2P(p2p.finish(), held.appended_relation())
     return store
