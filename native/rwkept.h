@@ -45,5 +45,7 @@ enum {
  * rank, n_ranks + 1 (rankwatch.store.captured compares them, nothing unpacks them). */
 #define RW_KEY_CODE_BITS 12
 #define RW_KEY_INT_BITS 20
+/* Processes (host, pid) that rwp_capture numbers in one chunk; beyond, it packs none. */
+#define RW_MAX_PROCS 4096
 
 #endif

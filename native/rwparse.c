@@ -1807,16 +1807,24 @@ static inline int bit_at(const uint8_t *bits, int64_t i) { return (bits[i >> 3] 
  * int64 numbers, bitmaps for `complete`; LSB-first validity bitmaps). Rows whose
  * kind code is `coll` are written in order: their row number, function code mapped
  * through func_remap (n_local codes), seq, the five nullable numbers (0 where NULL)
- * and validity bits (RW_V_*). When every such row shares one host and pid and its
- * member fits 64 bits (codes below 2^12, rank and n_ranks + 1 below 2^20, a valid
- * n_ranks not negative), *packed is set to 1 and out_key holds each row's member
- * packed (rwkept.h: RW_KEY_*; equal keys, equal members); else *packed is 0.
- * Returns the number of rows written, or -1 for a function code out of range. */
+ * and validity bits (RW_V_*). When every such row's member fits 64 bits (codes
+ * below 2^12, rank and n_ranks + 1 below 2^20, a valid n_ranks not negative),
+ * out_key holds each row's member packed but for its process (rwkept.h: RW_KEY_*;
+ * equal keys of one process, equal members) and out_proc its process: the (host,
+ * pid) pairs numbered in the order they first appear (up to RW_MAX_PROCS), and
+ * *packed is set to 1 when all rows are of one process, 2 when of several (a unit
+ * of files read as one chunk); else *packed is 0. Returns the number of rows
+ * written, or -1 for a function code out of range. */
 int64_t rwp_capture(int64_t rows, const void *const *values, const uint8_t *const *valid,
                     int32_t coll, const int32_t *func_remap, int64_t n_local, int32_t *out_row,
                     int32_t *out_func, int64_t *out_seq, int64_t *const *out_values,
-                    uint8_t *out_valid, uint64_t *out_key, int64_t *packed) {
+                    uint8_t *out_valid, uint64_t *out_key, int32_t *out_proc,
+                    int64_t *packed) {
   if (rows < 0 || n_local < 0) return -1;
+  /* the processes seen: rows come file by file, so the last one found is tried first */
+  int32_t proc_host[RW_MAX_PROCS];
+  int64_t proc_pid[RW_MAX_PROCS];
+  int32_t procs = 0, last = -1;
   const int32_t *kind = values[RW_C_KIND], *func = values[RW_C_FUNC];
   const int32_t *cid = values[RW_C_COMM_ID], *cname = values[RW_C_COMM_NAME];
   const int32_t *host = values[RW_C_HOST];
@@ -1850,17 +1858,30 @@ int64_t rwp_capture(int64_t rows, const void *const *values, const uint8_t *cons
     int size_ok = bit_at(valid[RW_C_N_RANKS], i);
     int64_t size = size_ok ? n_ranks[i] : -1;
     if (size_ok && size < 0) fits = 0; /* -1 would read as NULL */
-    if (k > 0 && (host[i] != host[out_row[0]] || pid[i] != pid[out_row[0]])) fits = 0;
+    if (fits && (last < 0 || proc_host[last] != host[i] || proc_pid[last] != pid[i])) {
+      last = 0;
+      while (last < procs && (proc_host[last] != host[i] || proc_pid[last] != pid[i])) last++;
+      if (last == procs) {
+        if (procs == RW_MAX_PROCS) {
+          fits = 0;
+        } else {
+          proc_host[procs] = host[i];
+          proc_pid[procs++] = pid[i];
+        }
+      }
+    }
     if (cid[i] < 0 || cid[i] >= code_top || name + 1 >= code_top || rank[i] < 0 ||
         rank[i] >= int_top || size + 1 >= int_top)
       fits = 0;
-    if (fits)
+    if (fits) {
       out_key[k] = (uint64_t)cid[i] << (RW_KEY_CODE_BITS + 2 * RW_KEY_INT_BITS) |
                    (uint64_t)(name + 1) << (2 * RW_KEY_INT_BITS) |
                    (uint64_t)rank[i] << RW_KEY_INT_BITS | (uint64_t)(size + 1);
+      out_proc[k] = last;
+    }
     k++;
   }
-  *packed = fits && k > 0;
+  *packed = fits && k > 0 ? (procs > 1 ? 2 : 1) : 0;
   return k;
 }
 

@@ -127,7 +127,7 @@ RWP_API int64_t rwp_capture(int64_t rows, const void *const *values, const uint8
                             int32_t coll, const int32_t *func_remap, int64_t n_local,
                             int32_t *out_row, int32_t *out_func, int64_t *out_seq,
                             int64_t *const *out_values, uint8_t *out_valid, uint64_t *out_key,
-                            int64_t *packed);
+                            int32_t *out_proc, int64_t *packed);
 /* The ops of a parsed chunk grouped by the key columns of rwkept.h's RW_G_*
  * (see rwparse.c); the number of groups, or -1 when there are more than
  * `capacity`. */

@@ -197,15 +197,16 @@ static int capture_round(uint64_t it) {
     valid[c] = calloc((size_t)(rows + 8) / 8, 1);
     for (int64_t b = 0; b < (rows + 7) / 8; b++) valid[c][b] = (uint8_t)next_random();
   }
-  int many = below(4) == 0, bad = below(8) == 0;
+  int many = below(4) == 0, bad = below(8) == 0, processes = below(3) == 0;
   for (int64_t i = 0; i < rows; i++) {
     ((int32_t *)values[RW_C_KIND])[i] = (int32_t)below(3);
     int32_t func = bad && below(50) == 0 ? (int32_t)n_local : (int32_t)below((size_t)n_local);
     ((int32_t *)values[RW_C_FUNC])[i] = func;
     ((int32_t *)values[RW_C_COMM_ID])[i] = (int32_t)below(many ? 5000 : 4);
     ((int32_t *)values[RW_C_COMM_NAME])[i] = (int32_t)below(4);
-    ((int32_t *)values[RW_C_HOST])[i] = (int32_t)(many ? below(2) : 0);
-    ((int64_t *)values[RW_C_PID])[i] = many ? (int64_t)below(2) : 7;
+    /* processes in runs of rows (a unit's files one after another) */
+    ((int32_t *)values[RW_C_HOST])[i] = (int32_t)(many || processes ? (i / 40 + below(2)) % 3 : 0);
+    ((int64_t *)values[RW_C_PID])[i] = many || processes ? (int64_t)below(2) : 7;
     ((int64_t *)values[RW_C_RANK])[i] = many ? (int64_t)(next_random() >> 40) : (int64_t)below(8);
     ((int64_t *)values[RW_C_N_RANKS])[i] = (int64_t)below(10) - 2;
     for (int c = RW_C_SEQ; c <= RW_C_CLOCK_ERROR; c++)  /* the int64 columns */
@@ -217,18 +218,34 @@ static int capture_round(uint64_t it) {
   for (int c = 0; c < 5; c++) out_values[c] = calloc((size_t)(rows ? rows : 1), 8);
   uint8_t *out_valid = calloc((size_t)(rows ? rows : 1), 1);
   uint64_t *out_key = calloc((size_t)(rows ? rows : 1), 8);
+  int32_t *out_proc = calloc((size_t)(rows ? rows : 1), 4);
   int64_t packed = -1;
   int64_t got = rwp_capture(rows, (const void *const *)values, (const uint8_t *const *)valid, 1,
                             remap, n_local, out_row, out_func, out_seq, out_values, out_valid,
-                            out_key, &packed);
+                            out_key, out_proc, &packed);
   int ok = got == -1 ? check(bad, "capture refused good codes", it)
-                     : check(got >= 0 && got <= rows && (packed == 0 || packed == 1),
+                     : check(got >= 0 && got <= rows && packed >= 0 && packed <= 2,
                              "capture count out of range", it);
   for (int64_t k = 1; ok && k < got; k++)
     ok = check(out_row[k] > out_row[k - 1], "capture rows out of order", it);
+  /* packed: the same process number exactly where the same (host, pid), numbered
+   * from 0 in order of appearance; one process exactly when packed is 1 */
+  const int32_t *host = values[RW_C_HOST];
+  const int64_t *pid = values[RW_C_PID];
+  int32_t procs = 0;
+  for (int64_t k = 0; ok && packed > 0 && k < got; k++) {
+    ok = check(out_proc[k] >= 0 && out_proc[k] <= procs, "capture process out of order", it);
+    if (out_proc[k] == procs) procs++;
+    for (int64_t j = 0; ok && j < k; j++) {
+      int same = host[out_row[j]] == host[out_row[k]] && pid[out_row[j]] == pid[out_row[k]];
+      ok = check(same == (out_proc[j] == out_proc[k]), "capture process numbers", it);
+    }
+  }
+  if (ok && packed > 0) ok = check((packed == 1) == (procs == 1), "capture packed kind", it);
   for (int c = 0; c < RW_C; c++) free(values[c]), free(valid[c]);
   for (int c = 0; c < 5; c++) free(out_values[c]);
   free(remap), free(out_row), free(out_func), free(out_seq), free(out_valid), free(out_key);
+  free(out_proc);
   return ok;
 }
 

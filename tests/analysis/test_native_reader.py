@@ -53,15 +53,16 @@ def _ingest(directory: Path, use_native: bool, held: str = "all"):
 
 @contextlib.contextmanager
 def file_batches() -> Iterator[None]:
-    """Each small file's rows as a batch of their own (not joined with other files'):
-    a budget of part of the job then holds some batches and spills the rest, in
-    whatever order the parsing threads hand them over."""
-    saved = native.JOIN_BELOW_ROWS
-    native.JOIN_BELOW_ROWS = 0
+    """Each small file's rows as a batch of their own (not read in a unit with other
+    files, nor joined with theirs): a budget of part of the job then holds some
+    batches and spills the rest, in whatever order the parsing threads hand them
+    over."""
+    saved = native.JOIN_BELOW_ROWS, native.UNIT_FILES
+    native.JOIN_BELOW_ROWS, native.UNIT_FILES = 0, 1
     try:
         yield
     finally:
-        native.JOIN_BELOW_ROWS = saved
+        native.JOIN_BELOW_ROWS, native.UNIT_FILES = saved
 
 
 def spilled_rows(held) -> int:
@@ -216,6 +217,7 @@ def test_small_first_chunks_and_joined_batches_give_the_same_tables(
     monkeypatch.setattr(native.Reader.__init__, "__defaults__", chunk_rows_default(7))
     monkeypatch.setattr(native, "COALESCE_ROWS", 5)
     monkeypatch.setattr(native, "JOIN_BELOW_ROWS", 3)  # files of 3 records go as they are
+    monkeypatch.setattr(native, "UNIT_FILES", 1)  # each file read alone
     joined: list[int] = []
     flush = native._Coalescer.flush
 
@@ -231,6 +233,59 @@ def test_small_first_chunks_and_joined_batches_give_the_same_tables(
     assert len(fast.native_files) == 12
     assert fast.count("ops") == 5 * 9 + 10 + 12 + 60
     assert_same_tables(fast, slow)
+
+
+def test_units_take_small_plain_files_by_path_up_to_their_limits(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from rankwatch.store.discover import RecordFile
+
+    monkeypatch.setattr(native, "UNIT_BYTES", 100)
+    monkeypatch.setattr(native, "UNIT_FILES", 3)
+    monkeypatch.setattr(native, "READ_WHOLE_BYTES", 50)
+
+    def f(name: str, size: int, compressed: bool = False) -> RecordFile:
+        return RecordFile(name, "ops", "rankwatch", compressed, size)
+
+    files = [f("e", 10), f("big", 51), f("a", 40), f("z", 5, compressed=True), f("b", 40),
+             f("c", 30), f("d", 10), f("f", 50)]  # fmt: skip
+    got = [[u.path for u in unit] for unit in native.units(files)]
+    # by path, cut where the bytes (100) or the files (3) would pass the limits;
+    # mapped (larger) and compressed files alone
+    assert got == [["a", "b"], ["c", "d", "e"], ["f"], ["big"], ["z"]]
+    assert native.units([]) == []
+
+
+@needs_library
+def test_small_files_read_as_units_give_the_same_tables_and_rows_in_file_order(
+    sim, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A job's small files read as one unit (one chunk, one batch, one call of each
+    keeper) give the tables and the kept collective rows, in the same order, that
+    reading each file alone gives."""
+    directory = sim("plain")
+    store = _ingest(directory, use_native=True)
+    ops = [f for f in store.files if f.role == "ops"]
+    assert len(native.units(ops)) < len(ops)
+    monkeypatch.setattr(native, "UNIT_FILES", 1)
+    alone = _ingest(directory, use_native=True)
+    assert_same_tables(store, alone)
+    a, b = store.collectives_kept, alone.collectives_kept
+    assert a.rows == b.rows > 0
+    assert np.array_equal(a.seq, b.seq) and np.array_equal(a.valid, b.valid)
+    for name, values in a.values.items():
+        assert np.array_equal(values, b.values[name]), name
+
+    def members(kept: Any) -> list[tuple]:  # each row's member, its strings as text
+        def text(code: int | None) -> str | None:
+            return kept.strings[code] if code is not None and code >= 0 else None
+
+        decoded = [(text(cid), text(name), rank, size, text(host), pid, text(key))
+                   for cid, name, rank, size, host, pid, key in kept.members]  # fmt: skip
+        return [decoded[m] for m in kept.member]
+
+    assert members(a) == members(b)
+    assert len(set(members(a))) > len({m[4:6] for m in members(a)}) > 1  # several processes
 
 
 @needs_library

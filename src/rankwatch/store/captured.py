@@ -65,6 +65,7 @@ class _Capture:
         self.values = {name: np.empty(rows, dtype=np.int64) for name in TIMES}
         self.valid = np.empty(rows, dtype=np.uint8)
         self.key = np.empty(rows, dtype=np.uint64)
+        self.proc = np.empty(rows, dtype=np.int32)
 
 
 @dataclass
@@ -154,15 +155,21 @@ class CollectiveCapture:
         got = self._lib.rwp_capture(
             rows, values, valid, strings.index("coll"), state.remap.ctypes.data,
             len(state.remap), out.row.ctypes.data, out.func.ctypes.data, out.seq.ctypes.data,
-            times, out.valid.ctypes.data, out.key.ctypes.data, ctypes.byref(packed),
+            times, out.valid.ctypes.data, out.key.ctypes.data, out.proc.ctypes.data,
+            ctypes.byref(packed),
         )  # fmt: skip
         if got < 0:
             raise ValueError(f"{path}: a function code out of range")
         if got == 0:
             return
         picked = out.row[:got]
-        key = out.key[:got] if packed.value else None
-        columns = {"member": self._members_of(state, chunk, picked, key)}
+        if packed.value == 2:  # several processes: a unit of files read as one chunk
+            member = self._members_of_processes(state, chunk, picked, out.key[:got],
+                                                out.proc[:got])  # fmt: skip
+        else:
+            key = out.key[:got] if packed.value else None
+            member = self._members_of(state, chunk, picked, key)
+        columns = {"member": member}
 
         def fit(a: np.ndarray) -> np.ndarray:
             # as it is when every row was picked (a chunk of collectives only), else
@@ -172,6 +179,34 @@ class CollectiveCapture:
         columns |= {"func": fit(out.func), "seq": fit(out.seq)}
         columns |= {name: fit(out.values[name]) for name in TIMES}
         state.parts.append(columns | {"valid": fit(out.valid)})
+
+    def _members_of_processes(
+        self, state: _FileState, chunk: Any, picked: np.ndarray, key: np.ndarray,
+        proc: np.ndarray,
+    ) -> np.ndarray:  # fmt: skip
+        """_members_of for a chunk of several processes: members are the distinct
+        (process, packed key) pairs, found by one sort (not remembered: a unit's
+        files are read once, in one chunk)."""
+        order = np.lexsort((key, proc))
+        key, proc = key[order], proc[order]
+        new = np.ones(len(order), dtype=bool)
+        new[1:] = (key[1:] != key[:-1]) | (proc[1:] != proc[:-1])
+        inverse = np.empty(len(order), dtype=np.int64)
+        inverse[order] = np.cumsum(new) - 1
+        codes = self._member_codes(state, chunk, picked[order[new]].tolist())
+        return codes[inverse]
+
+    def _member_codes(self, state: _FileState, chunk: Any, rows: list[int]) -> np.ndarray:
+        """The job-wide code of the member of each of these rows (interned if new)."""
+        codes = np.empty(len(rows), dtype=np.int32)
+        with self._lock:
+            for j, row in enumerate(rows):
+                member = self._member(state, chunk, row)
+                code = self._members.get(member)
+                if code is None:
+                    code = self._members[member] = len(self._members)
+                codes[j] = code
+        return codes
 
     def _members_of(
         self, state: _FileState, chunk: Any, picked: np.ndarray, key: np.ndarray | None
@@ -191,20 +226,12 @@ class CollectiveCapture:
             uniq, inverse = np.unique(key, return_inverse=True)
             firsts = np.zeros(len(uniq), dtype=np.int64)
             firsts[inverse] = np.arange(len(key))  # any row of each member will do
-        else:  # a rare chunk (several processes, huge codes or ranks): slower, same result
+        else:  # a rare chunk (huge codes or ranks, thousands of processes): slower, same result
             table = np.stack([self._column(chunk, name, picked) for name in MEMBER_COLUMNS]
                              + [self._present(chunk, "comm_name", picked),
                                 self._present(chunk, "n_ranks", picked)], axis=1)  # fmt: skip
             uniq, firsts, inverse = np.unique(table, axis=0, return_index=True, return_inverse=True)
-        codes = np.empty(len(uniq), dtype=np.int32)
-        rows = picked[firsts].tolist()
-        with self._lock:
-            for j, row in enumerate(rows):
-                member = self._member(state, chunk, row)
-                code = self._members.get(member)
-                if code is None:
-                    code = self._members[member] = len(self._members)
-                codes[j] = code
+        codes = self._member_codes(state, chunk, picked[firsts].tolist())
         if key is not None:  # remember the file's packed members, sorted
             merged = np.concatenate([state.member_keys, uniq])
             order = np.argsort(merged, kind="stable")

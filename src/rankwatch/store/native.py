@@ -50,6 +50,8 @@ CHUNK_ROWS = 1 << 15  # rows per Arrow batch: about 12 MB of column buffers
 MIN_FIRST_ROWS = 256  # ... and at least this many in a file's first (see Reader._first_rows)
 SMALL_RECORD_BYTES = 256  # an op record is about 1.2 KB; shorter ones exist (few fields)
 READ_WHOLE_BYTES = 1 << 22  # plain files up to this size are read, larger ones mapped
+UNIT_BYTES = 1 << 24  # plain files up to READ_WHOLE_BYTES are read in units of this many
+UNIT_FILES = 1 << 12  # ... bytes and files at most (see units())
 ROUND_ROWS = 1 << 19  # rows per INSERT statement (see load_files)
 GZIP_BLOCK = 1 << 23
 MAX_FLAGS = 64  # RWP_MAX_FLAGS
@@ -94,7 +96,7 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
         "rwp_string": (c_p, [c_p, ctypes.c_int32, ctypes.POINTER(i64)]),
         "rwp_strings": (c_p, [c_p, c_p, ctypes.POINTER(i64)]),
         "rwp_capture": (i64, [i64, c_p, c_p, ctypes.c_int32, c_p, i64, c_p, c_p, c_p, c_p,
-                              c_p, c_p, c_p]),
+                              c_p, c_p, c_p, c_p]),
         "rwp_groups": (i64, [i64, c_p, c_p, i64, c_p, c_p, c_p, c_p]),
         "rwn_new": (c_p, [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_int]),
         "rwn_free": (None, [c_p]),
@@ -529,6 +531,73 @@ class Reader(Parser):
                     return
                 yield chunk, strings
 
+    def read_unit(
+        self, files: Sequence[RecordFile], outcomes: dict[str, FileOutcome]
+    ) -> tuple[Chunk, list[str], list[int]] | None:
+        """Small plain files (a unit of units()) parsed into one chunk, their rows one
+        file after another with one string dictionary: (the chunk, its strings, each
+        file's row count), their outcomes filled; None when a file cannot be read or
+        is not clean, or a row would not be a clean op (_problem), with nothing filled:
+        the caller reads each file alone then, which says what is wrong."""
+        contents = []
+        for rf in files:
+            try:
+                with open(rf.path, "rb") as stream:
+                    contents.append(stream.read())
+            except OSError:
+                return None
+        parsed = self._parse_unit(contents, self._unit_rows(contents))
+        if parsed == "full":  # more rows than the record size seen so far gave room for
+            parsed = self._parse_unit(contents, self._unit_rows(contents, exact=True))
+        if not isinstance(parsed, tuple):
+            return None
+        chunk, strings, found = parsed
+        counts = [outcome.rows for outcome in found]
+        for rf, outcome in zip(files, found, strict=True):
+            target = outcomes[rf.path]
+            target.rows, target.lines = outcome.rows, outcome.lines
+            target.unterminated = outcome.unterminated
+        self._seen_bytes += sum(len(data) for data in contents)
+        self._seen_rows += sum(outcome.lines for outcome in found)
+        return chunk, strings, counts
+
+    def _unit_rows(self, contents: list[bytes], exact: bool = False) -> int:
+        """Rows to make room for in a unit's chunk: from the record size this reader
+        has seen (a tenth over: within FIT_SLACK, so that to_arrow need not copy the
+        columns to fit), or exactly a row per line (and one for a last line without
+        newline), which takes a pass over the bytes."""
+        size = sum(len(data) for data in contents)
+        if self._seen_rows and not exact:
+            return int(size * 1.1 * self._seen_rows / self._seen_bytes) + MIN_FIRST_ROWS
+        return sum(data.count(b"\n") + 1 for data in contents)
+
+    def _parse_unit(
+        self, contents: list[bytes], capacity: int
+    ) -> tuple[Chunk, list[str], list[FileOutcome]] | str | None:
+        """The contents parsed into one chunk of `capacity` rows, file after file:
+        (the chunk, its strings, each file's outcome); "full" when the chunk has no
+        room for them all; None when a file or row is not clean (see read_unit)."""
+        lib, p = self._lib, self._p
+        lib.rwp_reset(p)
+        chunk = self.bind_chunk(capacity)
+        found = []
+        for data in contents:
+            lib.rwp_next_file(p)
+            start = int(lib.rwp_rows(p))
+            buf = np.frombuffer(data, dtype=np.uint8)
+            used = int(lib.rwp_parse(p, buf.ctypes.data, len(buf), 1)) if len(buf) else 0
+            if used < len(buf):  # the chunk is full: parsing stops at a line's start
+                return "full"
+            if lib.rwp_flagged(p):
+                return None
+            found.append(FileOutcome())
+            self.note_flags(found[-1])
+            found[-1].rows = int(lib.rwp_rows(p)) - start
+        chunk, strings = self._finish_chunk(chunk)
+        if chunk.rows and self._problem(chunk, strings):
+            return None
+        return chunk, strings, found
+
     def _chunks(self, rf: RecordFile) -> Iterator[tuple[Chunk, list[str]]]:
         """Full chunks of rf's records, then the last one (maybe empty)."""
         chunk = self.bind_chunk(self._first_rows(rf))
@@ -704,9 +773,16 @@ def column_array(code: str, rows: int, values: np.ndarray, valid: Any, dictionar
 
 
 def to_arrow(
-    layout: Layout, chunk: Chunk, strings: list[str], path: str, keys: list[str | None]
+    layout: Layout,
+    chunk: Chunk,
+    strings: list[str],
+    path: str,
+    keys: list[str | None],
+    files: Sequence[tuple[str, int]] = (),
 ) -> Any:
-    """The chunk as an Arrow record batch of arrow_schema(): `source_file`,
+    """The chunk as an Arrow record batch of arrow_schema(): `source_file` (`path`,
+    or for a unit of files (Reader.read_unit) `files`: each path and its row count,
+    in row order),
     `comm_key` (`keys`: the comm_key of each string, see comm_keys()), the groups,
     then the fields, NULL where their group is (as a field of a missing JSON
     object reads in SQL). Flat rather than one struct per group, so that a scan
@@ -755,9 +831,12 @@ def to_arrow(
                 array.indices, pa.array(keys, type=pa.string()), safe=False
             )
         fields.append(array)
-    source = pa.DictionaryArray.from_arrays(
-        pa.array(np.zeros(rows, dtype=np.int16)), pa.array([path], type=pa.string())
-    )
+    if files:
+        codes = np.repeat(np.arange(len(files), dtype=np.int16), [n for _, n in files])
+        paths = [p for p, _ in files]
+    else:
+        codes, paths = np.zeros(rows, dtype=np.int16), [path]
+    source = pa.DictionaryArray.from_arrays(pa.array(codes), pa.array(paths, type=pa.string()))
     assert comm_key is not None
     return pa.RecordBatch.from_arrays(
         [source, comm_key, *groups, *fields], schema=arrow_schema(layout)
@@ -811,6 +890,58 @@ class _Coalescer:
         self.held, self.rows, self.bytes, self.codes = [], 0, 0, 0
 
 
+def units(files: Sequence[RecordFile]) -> list[list[RecordFile]]:
+    """The files cut into units of work for load_files: small plain files (up to
+    READ_WHOLE_BYTES) in runs of up to UNIT_BYTES and UNIT_FILES, read as one
+    (Reader.read_unit: at a thousand ranks' files the work per file, not per
+    record, took most of the time), by path; every other file alone. Made from
+    the sizes alone, so that the same files always make the same units (the rows
+    kept of them come in the same order)."""
+    small = sorted(
+        (f for f in files if not f.compressed and f.size <= READ_WHOLE_BYTES),
+        key=lambda f: f.path,
+    )
+    out: list[list[RecordFile]] = []
+    size = 0
+    for f in small:
+        if not out or len(out[-1]) >= UNIT_FILES or size + f.size > UNIT_BYTES:
+            out.append([])
+            size = 0
+        out[-1].append(f)
+        size += f.size
+    taken = {id(f) for f in small}
+    return out + [[f] for f in files if id(f) not in taken]
+
+
+def _unit_batch(
+    reader: Reader,
+    shape: Layout,
+    unit: Sequence[RecordFile],
+    outcomes: dict[str, FileOutcome],
+    keepers: Sequence[Keeper] = (),
+) -> Any:
+    """A unit of small files (units()) as one Arrow batch, handed to the keepers
+    under its first file's path; None when Reader.read_unit declines it, or when
+    a keeper or to_arrow refuses it (what the keepers took of it is dropped)."""
+    got = reader.read_unit(unit, outcomes)
+    if got is None:
+        return None
+    chunk, strings, counts = got
+    key = unit[0].path
+    try:
+        keys = comm_keys(strings)
+        for keeper in keepers:
+            keeper.add(key, chunk, strings, keys)
+        files = [(f.path, n) for f, n in zip(unit, counts, strict=True)]
+        return to_arrow(shape, chunk, strings, key, keys, files)
+    except (ValueError, RuntimeError):  # each file alone then, which says why
+        for keeper in keepers:
+            keeper.drop(key)
+        for f in unit:
+            outcomes[f.path] = FileOutcome()
+        return None
+
+
 def _file_batches(
     reader: Reader,
     shape: Layout,
@@ -853,7 +984,7 @@ def load_files(
     outcomes = {f.path: FileOutcome() for f in files}
     if not files:
         return outcomes
-    pending = list(reversed(files))
+    pending = list(reversed(units(files)))
     lock = threading.Lock()
     items: queue.Queue[tuple[str, RecordFile | None, Any]] = queue.Queue(maxsize=workers + 1)
     stop = threading.Event()
@@ -867,6 +998,22 @@ def load_files(
             except queue.Full:
                 continue
 
+    def read_file(reader: Reader, rf: RecordFile, held: _Coalescer) -> None:
+        outcome = outcomes[rf.path]
+        try:
+            batches = _file_batches(reader, shape, rf, outcome, keepers)
+            first, second = next(batches, None), next(batches, None)
+            if second is None:  # read in one chunk: joined with other files'
+                if first is not None and not outcome.reject:
+                    held.add(first)
+            else:  # a larger file: its chunks go as they are
+                for batch in itertools.chain((first, second), batches):
+                    put(("chunk", rf, batch))
+        except (OSError, ValueError, EOFError, RuntimeError) as exc:
+            # e.g. a corrupt gzip stream: DuckDB's path and the careful
+            # reader say what is wrong with the file
+            outcome.reject = f"could not read: {exc}"
+
     def work() -> None:
         held = _Coalescer(lambda batch: put(("chunk", None, batch)))
         try:
@@ -875,21 +1022,15 @@ def load_files(
                     with lock:
                         if not pending:
                             break
-                        rf = pending.pop()
-                    outcome = outcomes[rf.path]
-                    try:
-                        batches = _file_batches(reader, shape, rf, outcome, keepers)
-                        first, second = next(batches, None), next(batches, None)
-                        if second is None:  # read in one chunk: joined with other files'
-                            if first is not None and not outcome.reject:
-                                held.add(first)
-                        else:  # a larger file: its chunks go as they are
-                            for batch in itertools.chain((first, second), batches):
-                                put(("chunk", rf, batch))
-                    except (OSError, ValueError, EOFError, RuntimeError) as exc:
-                        # e.g. a corrupt gzip stream: DuckDB's path and the careful
-                        # reader say what is wrong with the file
-                        outcome.reject = f"could not read: {exc}"
+                        unit = pending.pop()
+                    batch = None
+                    if len(unit) > 1:
+                        batch = _unit_batch(reader, shape, unit, outcomes, keepers)
+                    if batch is not None:
+                        held.add(batch)
+                        continue
+                    for rf in unit:
+                        read_file(reader, rf, held)
             held.flush()
         except BaseException as exc:  # handed to the inserting thread, raised there
             put(("error", None, exc))
