@@ -285,11 +285,13 @@ class StateReader:
     def _finish(self, chunk: native.Chunk, parts: list[_Part]) -> list[Any]:
         """The chunk's rows of the files taken, as batches (none when none is)."""
         chunk.rows = self.reader.rows()
-        checks = self.checks(chunk, self.reader)
-        for part in parts:
-            outcome = self._outcome(part)
-            for problem, ok in checks:
-                if not outcome.reject and not ok[part.start : part.end].all():
+        # each file's first failed check, from the rows that fail one (few or none):
+        # not a check of every file's rows in turn (a thousand ranks' files)
+        ends = np.array([part.end for part in parts], dtype=np.int64)
+        for problem, ok in self.checks(chunk, self.reader):
+            for i in np.unique(np.searchsorted(ends, np.flatnonzero(~ok), side="right")):
+                outcome = self._outcome(parts[i])
+                if not outcome.reject:
                     outcome.reject = problem
         nested = self._nested_columns(chunk, parts)
         taken = [p for p in parts if not self._outcome(p).reject]
