@@ -32,6 +32,7 @@ import os
 import queue
 import re
 import threading
+import zlib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -54,6 +55,7 @@ UNIT_BYTES = 1 << 24  # plain files up to READ_WHOLE_BYTES are read in units of 
 UNIT_FILES = 1 << 12  # ... bytes and files at most (see units())
 ROUND_ROWS = 1 << 19  # rows per INSERT statement (see load_files)
 GZIP_BLOCK = 1 << 23
+GZIP_RATIO = 12  # bytes of records per byte of a gzip file, for sizing (about 10 measured)
 MAX_FLAGS = 64  # RWP_MAX_FLAGS
 
 # rwparse.h's enum rwp_code
@@ -490,7 +492,7 @@ class Reader(Parser):
         more records goes on with full chunks."""
         if not rf.compressed and self._seen_rows:
             return self._rows_for(rf.size)
-        guess = rf.size * (12 if rf.compressed else 1) // SMALL_RECORD_BYTES + 1
+        guess = _text_bytes(rf) // SMALL_RECORD_BYTES + 1
         return int(min(self.chunk_rows, max(guess, MIN_FIRST_ROWS)))
 
     def _rows_for(self, left: int) -> int:
@@ -534,7 +536,7 @@ class Reader(Parser):
     def read_unit(
         self, files: Sequence[RecordFile], outcomes: dict[str, FileOutcome]
     ) -> tuple[Chunk, list[str], list[int]] | None:
-        """Small plain files (a unit of units()) parsed into one chunk, their rows one
+        """Small files (a unit of units()) parsed into one chunk, their rows one
         file after another with one string dictionary: (the chunk, its strings, each
         file's row count), their outcomes filled; None when a file cannot be read or
         is not clean, or a row would not be a clean op (_problem), with nothing filled:
@@ -542,9 +544,9 @@ class Reader(Parser):
         contents = []
         for rf in files:
             try:
-                with open(rf.path, "rb") as stream:
+                with (gzip.open if rf.compressed else open)(rf.path, "rb") as stream:
                     contents.append(stream.read())
-            except OSError:
+            except (OSError, EOFError, ValueError, zlib.error):  # e.g. a cut gzip stream
                 return None
         parsed = self._parse_unit(contents, self._unit_rows(contents))
         if parsed == "full":  # more rows than the record size seen so far gave room for
@@ -890,25 +892,27 @@ class _Coalescer:
         self.held, self.rows, self.bytes, self.codes = [], 0, 0, 0
 
 
+def _text_bytes(rf: RecordFile) -> int:
+    """The file's bytes of records: its size, or a guess for a gzip file."""
+    return rf.size * (GZIP_RATIO if rf.compressed else 1)
+
+
 def units(files: Sequence[RecordFile]) -> list[list[RecordFile]]:
-    """The files cut into units of work for load_files: small plain files (up to
-    READ_WHOLE_BYTES) in runs of up to UNIT_BYTES and UNIT_FILES, read as one
-    (Reader.read_unit: at a thousand ranks' files the work per file, not per
-    record, took most of the time), by path; every other file alone. Made from
-    the sizes alone, so that the same files always make the same units (the rows
-    kept of them come in the same order)."""
-    small = sorted(
-        (f for f in files if not f.compressed and f.size <= READ_WHOLE_BYTES),
-        key=lambda f: f.path,
-    )
+    """The files cut into units of work for load_files: small files (up to
+    READ_WHOLE_BYTES of records, gzip ones by a guess) in runs of up to UNIT_BYTES
+    and UNIT_FILES, read as one (Reader.read_unit: at a thousand ranks' files the
+    work per file, not per record, took most of the time), by path; every other
+    file alone. Made from the sizes alone, so that the same files always make the
+    same units (the rows kept of them come in the same order)."""
+    small = sorted((f for f in files if _text_bytes(f) <= READ_WHOLE_BYTES), key=lambda f: f.path)
     out: list[list[RecordFile]] = []
     size = 0
     for f in small:
-        if not out or len(out[-1]) >= UNIT_FILES or size + f.size > UNIT_BYTES:
+        if not out or len(out[-1]) >= UNIT_FILES or size + _text_bytes(f) > UNIT_BYTES:
             out.append([])
             size = 0
         out[-1].append(f)
-        size += f.size
+        size += _text_bytes(f)
     taken = {id(f) for f in small}
     return out + [[f] for f in files if id(f) not in taken]
 
