@@ -449,9 +449,11 @@ def test_both_readers_give_identical_state_tables_on_damaged_and_unusual_files(
     nested["hostname"] = "host\twith\u00e9"
     empty = _edited(busy[1], colls={}, in_flight=[], p2p={"send_enqueued": 3})
     reordered = json.dumps(dict(reversed(list(json.loads(busy[2]).items()))))
+    # a field of another kind on a stats record, beyond 32 bits: kept as it is
+    wide = _edited(kinds["stats"][0], rank=3_000_000_000)
     write_lines(
         run / "h-pid9.rwstate.jsonl",
-        good + [json.dumps(nested), empty, reordered, _edited(good[4], surprise=[1, 2])],
+        good + [json.dumps(nested), empty, reordered, _edited(good[4], surprise=[1, 2]), wide],
         final_newline=False,
     )
     with gzip.open(run / "i-pid10.rwstate.jsonl.gz", "wt", encoding="utf-8") as stream:
@@ -471,6 +473,47 @@ def test_both_readers_give_identical_state_tables_on_damaged_and_unusual_files(
         "SELECT count(*) FROM progress, unnest(in_flight) WHERE source_file LIKE '%h-pid9%'"
     ).fetchone()
     assert in_flight is not None and in_flight[0] >= 3
+    wide_rank = "SELECT count(*) FROM stats WHERE rank = 3000000000 AND source_file LIKE '%h-pid9%'"
+    assert fast.con.execute(wide_rank).fetchone() == (1,)
+
+
+@pytest.mark.parametrize("use_native", [True, False])
+def test_a_state_file_no_table_takes_is_reported_and_the_others_load(
+    sim, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, use_native: bool
+) -> None:
+    """Should an insert of state records fail (a value the table does not take: the
+    fault is injected here, as DuckDB's error() on one file's clock records), the
+    bulk readers' inserts leave nothing behind and the careful reader takes the
+    files one by one: that file is reported unreadable, every other loads whole."""
+    from rankwatch.store import load
+
+    source = sim("plain")
+    run = tmp_path / "run"
+    run.mkdir()
+    states = sorted(source.glob("*.rwstate.jsonl"))[:3]
+    for path in states:
+        (run / path.name).write_bytes(path.read_bytes())
+    poisoned = states[1].name
+    insert = load.state_insert_sql
+
+    def failing(target: str, source: str, transform: dict[str, str] | None = None) -> str:
+        sql = insert(target, source, transform)
+        if target != "clock":
+            return sql
+        return f"{sql} AND (source_file NOT LIKE '%{poisoned}' OR error('no table takes it'))"
+
+    monkeypatch.setattr(load, "state_insert_sql", failing)
+    store = _ingest(run, use_native=use_native)
+    problems = [(Path(p.file).name, p.kind) for p in store.problems]
+    assert problems == [(poisoned, "unreadable")]
+    assert "no table takes it" in store.problems[0].message
+    monkeypatch.setattr(load, "state_insert_sql", insert)
+    (run / poisoned).unlink()
+    others = _ingest(run, use_native=use_native)
+    for table in ("comms", "progress", "clock", "stats"):
+        rows = f"SELECT source_file, count(*) FROM {table} GROUP BY ALL ORDER BY ALL"
+        assert store.con.execute(rows).fetchall() == others.con.execute(rows).fetchall(), table
+        assert others.count(table) > 0
 
 
 @needs_library

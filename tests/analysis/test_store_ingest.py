@@ -336,3 +336,18 @@ def test_store_path_keeps_the_tables_for_later_sql(sim, tmp_path, name) -> None:
             0
         ]
     assert n == ops
+
+
+def test_a_problem_said_again_is_listed_and_counted_once() -> None:
+    """A file read again another way (a bulk reader's insert failed, the careful one
+    reads it) meets its damaged lines again: each is still one problem, one bad line."""
+    from rankwatch.store.problems import ProblemLog
+
+    log = ProblemLog()
+    for _ in range(2):
+        log.add("a.log", 7, "truncated", "truncated last line")
+        log.add("a.log", 3, "syntax", "not JSON")
+    log.add("a.log", 9, "syntax", "not JSON")
+    assert [(p.line, p.kind) for p in log.problems()] == [(7, "truncated"), (3, "syntax"),
+                                                          (9, "syntax")]  # fmt: skip
+    assert log.bad_lines["a.log"] == 3

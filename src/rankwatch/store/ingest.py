@@ -26,6 +26,8 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import duckdb
+
 from rankwatch.store import load, native, native_state
 from rankwatch.store.checks import check_op, check_state
 from rankwatch.store.discover import RecordFile
@@ -101,6 +103,10 @@ def _careful(con: Any, rf: RecordFile, log: ProblemLog, tmpdir: str) -> None:
             )
             load.distribute_state(con, [], table="raw_state_careful")
     except Exception as exc:  # duckdb raises its own error classes; report, keep going
+        if rf.role != "ops":  # nothing of the file stays: no table holds part of it
+            with contextlib.suppress(Exception):
+                load.delete_state_files(con, [rf.path])
+                con.execute("DROP TABLE IF EXISTS raw_state_careful")
         # name the user's file, not the temporary copy of its good lines
         why = str(exc).replace(clean.path, rf.path)
         log.add(rf.path, None, "unreadable", f"could not load the file's good lines: {why}")
@@ -242,7 +248,13 @@ def _ingest_state_duckdb(
         if f.path in broken or not _verdict(f, *per_file.get(f.path, (0, 0)), lines[f.path], log)
     ]
     if staged is not None:
-        load.distribute_state(con, [f.path for f in redo])
+        try:
+            load.distribute_state(con, [f.path for f in redo])
+        except duckdb.Error:  # a value no table takes: each file alone, the careful
+            # way, which reports the file that has it and loads the others
+            load.delete_state_files(con, [f.path for f in files])
+            con.execute("DROP TABLE IF EXISTS raw_state")
+            redo = list(files)
     for f in redo:
         _careful(con, f, log, tmpdir)
     return [f.path for f in redo]

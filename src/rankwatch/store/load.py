@@ -253,6 +253,13 @@ def state_insert_sql(target: str, source: str, transform: dict[str, str] | None 
     )
 
 
+def delete_state_files(con: Any, paths: list[str]) -> None:
+    """Remove these files' rows from every state table (after an insert that failed
+    part way: the tables it had filled keep nothing of them)."""
+    for target in STATE_KIND_OF_TABLE:
+        delete_files(con, target, paths)
+
+
 def distribute_state(con: Any, exclude: list[str], table: str = "raw_state") -> None:
     """Move staged state records into comms, progress, clock and stats; drop the stage."""
     skip = f"AND source_file NOT IN ({', '.join(sql_str(p) for p in exclude)})" if exclude else ""

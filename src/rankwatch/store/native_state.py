@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import duckdb
 import numpy as np
 
 from rankwatch import schema
@@ -436,8 +437,14 @@ def _load(cursors: _Cursors, files: list[RecordFile], workers: int) -> dict[str,
         table = pa.Table.from_batches(taken)
         kinds = [t for t in STATE_KIND_OF_TABLE if t != "progress"]
         # progress (its nested values take DuckDB most of the time) beside the others
-        background.run_all([functools.partial(_insert, cursors.progress, table, ["progress"]),
-                            functools.partial(_insert, cursors.others, table, kinds)])  # fmt: skip
+        inserts = [functools.partial(_insert, cursors.progress, table, ["progress"]),
+                   functools.partial(_insert, cursors.others, table, kinds)]  # fmt: skip
+        try:
+            background.run_all(inserts)
+        except duckdb.Error:  # a value no table takes: every file to DuckDB's reader,
+            # whose careful path reports the file that has it and loads the others
+            load.delete_state_files(cursors.others, [f.path for f in files])
+            return {}
     return {p: o for p, o in outcomes.items() if not o.reject}
 
 

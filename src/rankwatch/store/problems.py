@@ -30,6 +30,8 @@ class ProblemLog:
         key = (file, kind)
         if key not in self._listed:
             self._order.append(key)
+        elif Problem(file, line, kind, message) in self._listed[key]:
+            return  # said already (a file read again another way): said once
         if bad_line:
             self.bad_lines[file] += 1
         if len(self._listed[key]) < self.listed_per_kind:

@@ -211,7 +211,10 @@ STATE_TABLE_COLUMNS: dict[str, list[tuple[str, str]]] = {
     "progress": _state_columns("progress", _PROGRESS_NESTED),
     "clock": _state_columns("clock"),
     "stats": _state_columns("stats")
-    + [("source_format", "VARCHAR"), ("comm_id", "VARCHAR"), ("rank", "INTEGER")]
+    # rank as the other state tables have it: a stats record may carry one (the
+    # state reader reads every state field of every kind), and an INTEGER column
+    # failed the insert of a whole job's state records on one beyond 32 bits
+    + [("source_format", "VARCHAR"), ("comm_id", "VARCHAR"), ("rank", "BIGINT")]
     + [(n, "BIGINT") for n in DUMP_STATS_FIELDS],
 }
 STATE_KIND_OF_TABLE = {"comms": "comm", "progress": "progress", "clock": "clock", "stats": "stats"}
