@@ -15,6 +15,11 @@ from there, as before, to the careful line reader that reports each bad line),
 so both paths give identical tables. The one exception is a truncated last
 line, which both accept with the same problem report.
 
+Small files (a thousand ranks' files of a few hundred records) are read in
+units: runs of them parsed into one chunk, made into one Arrow batch and handed
+to the keepers once (units(), Reader.read_unit); a unit with any file that is
+not clean is read again file by file, which says what is wrong.
+
 Only files of rankwatch records (RecordFile.format == "rankwatch") are read
 here; Inspector files keep going through DuckDB's reader. Without the library
 (a source checkout that was never built) everything goes through DuckDB.
@@ -51,7 +56,7 @@ CHUNK_ROWS = 1 << 15  # rows per Arrow batch: about 12 MB of column buffers
 MIN_FIRST_ROWS = 256  # ... and at least this many in a file's first (see Reader._first_rows)
 SMALL_RECORD_BYTES = 256  # an op record is about 1.2 KB; shorter ones exist (few fields)
 READ_WHOLE_BYTES = 1 << 22  # plain files up to this size are read, larger ones mapped
-UNIT_BYTES = 1 << 24  # plain files up to READ_WHOLE_BYTES are read in units of this many
+UNIT_BYTES = 1 << 24  # files of up to READ_WHOLE_BYTES are read in units of this many
 UNIT_FILES = 1 << 12  # ... bytes and files at most (see units())
 ROUND_ROWS = 1 << 19  # rows per INSERT statement (see load_files)
 GZIP_BLOCK = 1 << 23
