@@ -259,13 +259,24 @@ def test_units_take_small_plain_files_by_path_up_to_their_limits(
 
 
 @needs_library
+@pytest.mark.parametrize("mapped", [True, False])
 def test_small_files_read_as_units_give_the_same_tables_and_rows_in_file_order(
-    sim, monkeypatch: pytest.MonkeyPatch
+    sim, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mapped: bool
 ) -> None:
-    """A job's small files read as one unit (one chunk, one batch, one call of each
-    keeper) give the tables and the kept collective rows, in the same order, that
-    reading each file alone gives."""
-    directory = sim("plain")
+    """A job's small files read in units (one chunk, one batch, one call of each
+    keeper: files mapped, read and decompressed) give the tables and the kept
+    collective rows, in the same order, that reading each file alone gives."""
+    directory = tmp_path / "run"
+    directory.mkdir()
+    for i, path in enumerate(sorted(sim("plain").iterdir())):
+        if path.suffix == ".log" and i % 5 == 0:  # some gzip files among them
+            with gzip.open(directory / f"{path.name}.gz", "wb") as stream:
+                stream.write(path.read_bytes())
+        else:
+            (directory / path.name).write_bytes(path.read_bytes())
+    sizes = [p.stat().st_size for p in directory.glob("*.log")]
+    # the plain files mapped, or read
+    monkeypatch.setattr(native, "UNIT_READ_BYTES", min(sizes) - 1 if mapped else max(sizes))
     store = _ingest(directory, use_native=True)
     ops = [f for f in store.files if f.role == "ops"]
     assert len(native.units(ops)) < len(ops)

@@ -28,6 +28,7 @@ RANKWATCH_NATIVE=0 (rankwatch.store.engine) uses the DuckDB path on purpose.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import gzip
@@ -58,6 +59,7 @@ SMALL_RECORD_BYTES = 256  # an op record is about 1.2 KB; shorter ones exist (fe
 READ_WHOLE_BYTES = 1 << 22  # plain files up to this size are read, larger ones mapped
 UNIT_BYTES = 1 << 24  # files of up to READ_WHOLE_BYTES are read in units of this many
 UNIT_FILES = 1 << 12  # ... bytes and files at most (see units())
+UNIT_READ_BYTES = 1 << 20  # a unit's plain files up to this size are read, larger ones mapped
 ROUND_ROWS = 1 << 19  # rows per INSERT statement (see load_files)
 GZIP_BLOCK = 1 << 23
 GZIP_RATIO = 12  # bytes of records per byte of a gzip file, for sizing (about 10 measured)
@@ -546,16 +548,21 @@ class Reader(Parser):
         file's row count), their outcomes filled; None when a file cannot be read or
         is not clean, or a row would not be a clean op (_problem), with nothing filled:
         the caller reads each file alone then, which says what is wrong."""
-        contents = []
-        for rf in files:
-            try:
-                with (gzip.open if rf.compressed else open)(rf.path, "rb") as stream:
-                    contents.append(stream.read())
-            except (OSError, EOFError, ValueError, zlib.error):  # e.g. a cut gzip stream
-                return None
-        parsed = self._parse_unit(contents, self._unit_rows(contents))
-        if parsed == "full":  # more rows than the record size seen so far gave room for
-            parsed = self._parse_unit(contents, self._unit_rows(contents, exact=True))
+        with contextlib.ExitStack() as stack:
+            texts: list[_Mapped | _Decompressed] = []
+            for rf in files:
+                try:
+                    texts.append(
+                        _Decompressed(rf.path)
+                        if rf.compressed
+                        else stack.enter_context(_Mapped(rf.path, UNIT_READ_BYTES))
+                    )
+                except (OSError, EOFError, ValueError, zlib.error):  # e.g. a cut gzip stream
+                    return None
+            parsed = self._parse_unit(texts, self._unit_rows(texts))
+            if parsed == "full":  # more rows than the record size seen so far gave room for
+                parsed = self._parse_unit(texts, self._unit_rows(texts, exact=True))
+            size = sum(text.size for text in texts)
         if not isinstance(parsed, tuple):
             return None
         chunk, strings, found = parsed
@@ -564,36 +571,35 @@ class Reader(Parser):
             target = outcomes[rf.path]
             target.rows, target.lines = outcome.rows, outcome.lines
             target.unterminated = outcome.unterminated
-        self._seen_bytes += sum(len(data) for data in contents)
+        self._seen_bytes += size
         self._seen_rows += sum(outcome.lines for outcome in found)
         return chunk, strings, counts
 
-    def _unit_rows(self, contents: list[bytes], exact: bool = False) -> int:
+    def _unit_rows(self, texts: Sequence[_Mapped | _Decompressed], exact: bool = False) -> int:
         """Rows to make room for in a unit's chunk: from the record size this reader
         has seen (a tenth over: within FIT_SLACK, so that to_arrow need not copy the
         columns to fit), or exactly a row per line (and one for a last line without
         newline), which takes a pass over the bytes."""
-        size = sum(len(data) for data in contents)
+        size = sum(text.size for text in texts)
         if self._seen_rows and not exact:
             return int(size * 1.1 * self._seen_rows / self._seen_bytes) + MIN_FIRST_ROWS
-        return sum(data.count(b"\n") + 1 for data in contents)
+        return sum(text.newlines() + 1 for text in texts)
 
     def _parse_unit(
-        self, contents: list[bytes], capacity: int
+        self, texts: Sequence[_Mapped | _Decompressed], capacity: int
     ) -> tuple[Chunk, list[str], list[FileOutcome]] | str | None:
-        """The contents parsed into one chunk of `capacity` rows, file after file:
+        """The texts parsed into one chunk of `capacity` rows, file after file:
         (the chunk, its strings, each file's outcome); "full" when the chunk has no
         room for them all; None when a file or row is not clean (see read_unit)."""
         lib, p = self._lib, self._p
         lib.rwp_reset(p)
         chunk = self.bind_chunk(capacity)
         found = []
-        for data in contents:
+        for text in texts:
             lib.rwp_next_file(p)
             start = int(lib.rwp_rows(p))
-            buf = np.frombuffer(data, dtype=np.uint8)
-            used = int(lib.rwp_parse(p, buf.ctypes.data, len(buf), 1)) if len(buf) else 0
-            if used < len(buf):  # the chunk is full: parsing stops at a line's start
+            used = int(lib.rwp_parse(p, text.addr, text.size, 1)) if text.size else 0
+            if used < text.size:  # the chunk is full: parsing stops at a line's start
                 return "full"
             if lib.rwp_flagged(p):
                 return None
@@ -658,7 +664,8 @@ class _Mapped:
     file is read whole instead: one copy costs less than mapping it, faulting its
     pages in and unmapping it (a thousand ranks' files of a few hundred KB)."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, read_up_to: int = READ_WHOLE_BYTES) -> None:
+        self._read_up_to = read_up_to  # a file up to this size is read whole
         self._file = open(path, "rb")  # noqa: SIM115 - closed in __exit__
         self.size = os.fstat(self._file.fileno()).st_size
         self._map: mmap.mmap | None = None
@@ -667,7 +674,7 @@ class _Mapped:
         self._dropped = 0
 
     def __enter__(self) -> _Mapped:
-        if 0 < self.size <= READ_WHOLE_BYTES:
+        if 0 < self.size <= self._read_up_to:
             data = self._file.read()
             self.size = len(data)  # a file still being written may have grown
             self._view = np.frombuffer(data, dtype=np.uint8)
@@ -686,11 +693,29 @@ class _Mapped:
             self._map.madvise(mmap.MADV_DONTNEED, self._dropped, done - self._dropped)
             self._dropped = done
 
+    def newlines(self) -> int:
+        """How many newlines the file has."""
+        return 0 if self._view is None else int(np.count_nonzero(self._view == ord("\n")))
+
     def __exit__(self, *exc: object) -> None:
         self._view = None
         if self._map is not None:
             self._map.close()
         self._file.close()
+
+
+class _Decompressed:
+    """A gzip file decompressed whole (a small one, read in a unit): `addr` and
+    `size` of its bytes, as _Mapped has them."""
+
+    def __init__(self, path: str) -> None:
+        with gzip.open(path, "rb") as stream:
+            self._data = stream.read()
+        self.size = len(self._data)
+        self.addr = np.frombuffer(self._data, dtype=np.uint8).ctypes.data if self.size else 0
+
+    def newlines(self) -> int:
+        return self._data.count(b"\n")
 
 
 # ---------------------------------------------------------------------- arrow
