@@ -82,11 +82,27 @@ def delay_axis_top(delay: np.ndarray) -> float | None:
     finite = ~np.isnan(delay).all(axis=1)
     if not finite.any():
         return None
-    p99 = float(
-        np.max(_quiet_nan(lambda a, axis: np.nanpercentile(a, 99, axis=axis), delay[finite], 1))
-    )
+    p99 = float(np.max(row_percentiles(delay[finite], 99.0)))
     largest = float(np.nanmax(delay[finite]))
     return 1.2 * p99 if p99 > 0 and largest > 1.5 * p99 else None
+
+
+def row_percentiles(a: np.ndarray, q: float) -> np.ndarray:
+    """np.nanpercentile(a, q, axis=1) (its linear method, the same values) for rows
+    with a value each, computed for all rows at once: NumPy takes rows with NaN one
+    at a time (a thousand ranks' rows: 0.8 s of the report)."""
+    ordered = np.sort(a, axis=1)  # NaN last
+    count = np.sum(~np.isnan(a), axis=1)
+    virtual = (count - 1) * (q / 100.0)
+    below = np.floor(virtual)
+    gamma = virtual - below
+    lo = below.astype(np.int64)
+    hi = np.minimum(lo + 1, count - 1)
+    x = np.take_along_axis(ordered, lo[:, None], axis=1)[:, 0]
+    y = np.take_along_axis(ordered, hi[:, None], axis=1)[:, 0]
+    diff = y - x
+    # NumPy's _lerp: from the nearer end, so that the ends come out exact
+    return np.where(gamma >= 0.5, y - diff * (1 - gamma), x + diff * gamma)
 
 
 def _add_rank(fig: go.Figure, t: Timeline, i: int, color: str) -> None:
