@@ -172,3 +172,21 @@ def test_demo_writes_the_report_next_to_its_records(tmp_path: Path) -> None:
     html = report.read_text(encoding="utf-8")  # which rank is late depends on timing here
     assert "4 ranks in 4 process(es) on 1 host(s)" in section(html, "summary")
     assert 'id="fig-timeline-0"' in html
+
+
+def test_every_figure_draws_trace_types_its_template_has(report: Path) -> None:
+    """The figures' template keeps the defaults of TRACE_TYPES only (html_figures:
+    assigning the whole one took 40 ms a figure): every trace drawn is of those, and
+    the template's layout is the whole one's."""
+    import plotly.io as pio
+
+    from rankwatch.export.html_figures import TEMPLATE, TRACE_TYPES, template
+
+    html = report.read_text(encoding="utf-8")
+    decoder = json.JSONDecoder()
+    drawn = []
+    for call in re.finditer(r'Plotly\.newPlot\(\s*"[^"]+",\s*', html):
+        traces, _ = decoder.raw_decode(html, call.end())
+        drawn += [trace.get("type", "scatter") for trace in traces]
+    assert len(drawn) > FIGURES and set(drawn) <= set(TRACE_TYPES), set(drawn)
+    assert template().layout == pio.templates[TEMPLATE].layout
