@@ -1481,6 +1481,13 @@ typedef struct {
   int32_t *offsets;          /* s, L, M: cap + 1 */
   char *data;                /* s */
   int64_t data_len, data_cap;
+  /* M: the keys of the object being read, once it has more than RWN_LINEAR_KEYS:
+   * an open-addressing table of stamp << 32 | key index within the object (an
+   * entry of an older stamp is free), so that a map of thousands of keys is checked
+   * for a duplicate in linear time */
+  uint64_t *seen;
+  uint32_t seen_cap, stamp;
+  int seen_built;
 } rwn_node_t;
 
 struct rwn_reader {
@@ -1553,12 +1560,77 @@ static int rwn_null(rwn_reader *r, int ni) {
 static int rwn_value(rwn_reader *r, rwp_parser *p, int ni, const uint8_t **ps,
                      const uint8_t *end, int depth);
 
+#define RWN_LINEAR_KEYS 16 /* a map object's keys compared one by one up to this many */
+
+static int key_is(const rwn_node_t *keys, int64_t k, const uint8_t *key, size_t klen) {
+  int32_t from = keys->offsets[k], to = keys->offsets[k + 1];
+  return (size_t)(to - from) == klen && (klen == 0 || !memcmp(keys->data + from, key, klen));
+}
+
+/* Enter key k (appended to `keys`) in map node n's table of this object's keys. */
+static void seen_put(rwn_node_t *n, const rwn_node_t *keys, int64_t k, int64_t first) {
+  int32_t from = keys->offsets[k];
+  size_t len = (size_t)(keys->offsets[k + 1] - from);
+  uint32_t mask = n->seen_cap - 1, i = hash_bytes((const uint8_t *)keys->data + from, len) & mask;
+  while ((uint32_t)(n->seen[i] >> 32) == n->stamp) i = (i + 1) & mask;
+  n->seen[i] = (uint64_t)n->stamp << 32 | (uint32_t)(k - first);
+}
+
+/* Room in n's table for `count` keys of this object, which holds the keys
+ * first .. keys->len - 1 once this returns 1 (0: out of memory). */
+static int seen_room(rwn_node_t *n, const rwn_node_t *keys, int64_t first, int64_t count) {
+  if (n->seen_built && (uint64_t)count * 2 <= n->seen_cap) return 1;
+  uint32_t cap = n->seen_cap ? n->seen_cap : 64;
+  while ((uint64_t)count * 2 > cap) {
+    if (cap > (UINT32_MAX >> 2)) return 0;
+    cap *= 2;
+  }
+  if (cap != n->seen_cap) { /* entries placed by the old size: all of them again */
+    uint64_t *seen = realloc(n->seen, (size_t)cap * sizeof *seen);
+    if (!seen) return 0;
+    memset(seen, 0, (size_t)cap * sizeof *seen);
+    n->seen = seen;
+    n->seen_cap = cap;
+  } /* else every entry is of an earlier object's stamp: free, without clearing */
+  if (n->stamp == 0) n->stamp = 1;
+  for (int64_t k = first; k < keys->len; k++) seen_put(n, keys, k, first);
+  n->seen_built = 1;
+  return 1;
+}
+
+/* Whether `key` is among map node n's keys of this object (first .. keys->len - 1):
+ * 1, 0, or -1 when out of memory. */
+static int rwn_key_seen(rwn_node_t *n, const rwn_node_t *keys, int64_t first, const uint8_t *key,
+                        size_t klen) {
+  int64_t count = keys->len - first;
+  if (count <= RWN_LINEAR_KEYS) {
+    for (int64_t k = first; k < keys->len; k++)
+      if (key_is(keys, k, key, klen)) return 1;
+    return 0;
+  }
+  if (!seen_room(n, keys, first, count + 1)) return -1;
+  uint32_t mask = n->seen_cap - 1, i = hash_bytes(key, klen) & mask;
+  for (; (uint32_t)(n->seen[i] >> 32) == n->stamp; i = (i + 1) & mask)
+    if (key_is(keys, first + (int64_t)(uint32_t)n->seen[i], key, klen)) return 1;
+  return 0;
+}
+
+/* A new object of map node n: its table of keys holds none. */
+static void rwn_new_object(rwn_node_t *n) {
+  n->seen_built = 0;
+  if (++n->stamp == 0 && n->seen) { /* the stamps wrapped: every entry free again */
+    memset(n->seen, 0, (size_t)n->seen_cap * sizeof *n->seen);
+    n->stamp = 1;
+  }
+}
+
 static int rwn_object(rwn_reader *r, rwp_parser *p, int ni, const uint8_t **ps,
                       const uint8_t *end, int depth) {
   rwn_node_t *n = &r->node[ni];
   const uint8_t *s = skip_ws(*ps, end);
   uint64_t seen = 0;
   int64_t first_key = n->kind == 'M' ? r->node[n->kid[0]].len : 0;
+  if (n->kind == 'M') rwn_new_object(n);
   if (s < end && *s == '}') {
     s++;
   } else {
@@ -1569,14 +1641,12 @@ static int rwn_object(rwn_reader *r, rwp_parser *p, int ni, const uint8_t **ps,
       if (rc) return rc;
       if (n->kind == 'M') {
         rwn_node_t *keys = &r->node[n->kid[0]];
-        for (int64_t k = first_key; k < keys->len; k++) { /* a map's keys are unique */
-          int32_t from = keys->offsets[k], to = keys->offsets[k + 1];
-          if ((size_t)(to - from) == klen && (klen == 0 || !memcmp(keys->data + from, key, klen)))
-            return RWP_E_DUPLICATE;
-        }
+        int dup = rwn_key_seen(n, keys, first_key, key, klen); /* a map's keys are unique */
+        if (dup) return dup > 0 ? RWP_E_DUPLICATE : RWP_E_STRINGS;
         if (!rwn_slot(keys) || !rwn_text(keys, key, klen)) return RWP_E_STRINGS;
         keys->offsets[keys->len] = (int32_t)keys->data_len;
         keys->valid[(keys->len - 1) >> 3] |= (uint8_t)(1u << ((keys->len - 1) & 7));
+        if (n->seen_built) seen_put(n, keys, keys->len - 1, first_key);
         if ((rc = rwn_value(r, p, n->kid[1], &s, end, depth + 1))) return rc;
       } else {
         int k = 0;
@@ -1758,6 +1828,7 @@ void rwn_free(rwn_reader *r) {
     free(r->node[i].values);
     free(r->node[i].offsets);
     free(r->node[i].data);
+    free(r->node[i].seen);
   }
   free(r);
 }

@@ -488,6 +488,33 @@ def test_both_readers_give_identical_state_tables_on_damaged_and_unusual_files(
     assert fast.con.execute(wide_rank).fetchone() == (1,)
 
 
+@needs_library
+def test_maps_of_thousands_of_keys_are_read_and_their_duplicates_found(
+    sim, tmp_path: Path
+) -> None:
+    """A progress record's map of thousands of keys (checked for duplicates through a
+    table past 16 keys) is read natively as DuckDB reads it; one with a key repeated
+    far apart, or next to its first, is left to DuckDB's path."""
+    kinds = _state_lines(sim("hang"))
+    good = kinds["comm"][:1] + kinds["clock"][:2]
+    record = json.loads(kinds["progress"][0])
+    counts = {"enqueued": 1, "started": 1, "completed": 0}
+    many = {f"Op{i}": dict(counts, enqueued=i) for i in range(5000)}
+    run = tmp_path / "run"
+    lines = [_edited(kinds["progress"][0], colls=dict(list(many.items())[:n])) for n in (17, 5000)]
+    write_lines(run / "a-pid1.rwstate.jsonl", good + lines + lines[::-1])
+    text = json.dumps(dict(record, colls=many))
+    for name, repeat in (("b-pid2", "Op2500"), ("c-pid3", "Op4999"), ("d-pid4", "Op0")):
+        doubled = text.replace('"colls": {', f'"colls": {{"{repeat}": {{"enqueued": 7}}, ', 1)
+        write_lines(run / f"{name}.rwstate.jsonl", good + [doubled])
+    fast = _ingest(run, use_native=True)
+    assert_same_tables(fast, _ingest(run, use_native=False))
+    taken = sorted(Path(p).name for p in fast.native_files if ".rwstate" in p)
+    assert taken == ["a-pid1.rwstate.jsonl"]
+    sizes = "SELECT cardinality(colls) FROM progress WHERE source_file LIKE '%a-pid1%' ORDER BY 1"
+    assert [n for (n,) in fast.con.execute(sizes).fetchall()] == [17, 17, 5000, 5000]
+
+
 @pytest.mark.parametrize("use_native", [True, False])
 def test_a_state_file_no_table_takes_is_reported_and_the_others_load(
     sim, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, use_native: bool
@@ -784,8 +811,11 @@ def test_mangled_state_lines_never_crash_the_parser_or_nested_reader_under_sanit
     nested.write_text("\n".join(native_state.nested_spec(t) for t in types) + "\n")
     kinds = _state_lines(sim("hang"))
     busy = [x for x in kinds["progress"] if '"in_flight":[{' in x][:4]
+    # maps past 16 keys, whose duplicates are looked up in a table
+    wide = [_edited(busy[0], colls={f"Op{i}": {"enqueued": i} for i in range(n)})
+            for n in (20, 300)]  # fmt: skip
     seeds = tmp_path / "seeds.txt"
-    seeds.write_text("\n".join(busy + [v[0] for v in kinds.values()]) + "\n")
+    seeds.write_text("\n".join(busy + wide + [v[0] for v in kinds.values()]) + "\n")
     for seed in (1, 2):
         out = run_sanitized(binary, str(spec), str(seeds), "6000", str(seed), str(nested))
         read = re.search(r"(\d+) rows accepted, \d+ lines flagged, (\d+) nested texts read", out)
