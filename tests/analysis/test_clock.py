@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from analysis_support import truth
 
-from rankwatch.align import align
+from rankwatch.align import align, clock
 from rankwatch.align.clock import _intervals, _least_squares
 from rankwatch.store import ingest
 
@@ -93,3 +93,43 @@ def test_least_squares_solves_pair_differences_against_the_reference() -> None:
     weights = dict.fromkeys(values, 1.0)
     x = _least_squares(values, weights, "c")
     assert abs(x["a"] - 5.0) < 1e-9 and abs(x["b"] - 3.0) < 1e-9 and x["c"] == 0.0
+
+
+def test_many_hosts_solve_as_the_dense_forms_do(monkeypatch) -> None:
+    """Above MAX_ALL_PAIRS_HOSTS the intervals come from Bellman-Ford from and to the
+    reference and the offsets from the pairs' weighted Laplacian (the dense forms
+    grow with the cube of the hosts): on ring-and-star pairs of 33 to 90 hosts, some
+    left out, some contradicting the others, the same intervals, consistency and
+    offsets as Floyd-Warshall and lstsq give."""
+    import random
+
+    rng = random.Random(5)
+    contradicted = 0
+    for trial in range(30):
+        hosts = [f"h{i:03d}" for i in range(rng.randint(clock.MAX_ALL_PAIRS_HOSTS + 1, 90))]
+        truth_ns = {h: rng.uniform(-5e6, 5e6) for h in hosts}
+        ref = rng.choice(hosts)
+        pairs = clock._allowed_pairs(hosts, ref)
+        bounds = {}
+        for a, b in rng.sample(pairs, int(len(pairs) * rng.uniform(0.6, 1.0))):
+            d = truth_ns[a] - truth_ns[b]
+            bounds[(a, b)] = (d - rng.uniform(1, 5000), d + rng.uniform(1, 5000))
+            if trial % 4 == 3 and rng.random() < 0.05:  # a bound that did not hold
+                bounds[(a, b)] = (d + 9000, d + 9500)
+        values = {p: truth_ns[p[0]] - truth_ns[p[1]] + rng.uniform(-100, 100) for p in bounds}
+        weights = {p: rng.uniform(0.1, 10) for p in bounds}
+        sparse = _intervals(bounds, hosts, ref), _least_squares(values, weights, ref)
+        with monkeypatch.context() as m:
+            m.setattr(clock, "MAX_ALL_PAIRS_HOSTS", len(hosts))
+            dense = _intervals(bounds, hosts, ref), _least_squares(values, weights, ref)
+        (got, got_ok), got_x = sparse
+        (want, want_ok), want_x = dense
+        assert got_ok == want_ok
+        contradicted += not want_ok
+        if want_ok:
+            assert got.keys() == want.keys() and len(want) > 1
+            for h, (lo, hi) in want.items():
+                assert abs(got[h][0] - lo) < 1e-3 and abs(got[h][1] - hi) < 1e-3, h
+        assert got_x.keys() == want_x.keys()
+        assert max(abs(got_x[h] - want_x[h]) for h in want_x) < 1e-3
+    assert 0 < contradicted < 30
