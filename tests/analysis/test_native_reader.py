@@ -250,11 +250,11 @@ def test_units_take_small_plain_files_by_path_up_to_their_limits(
     files = [f("e", 10), f("big", 51), f("a", 40), f("z", 5, compressed=True), f("b", 40),
              f("c", 30), f("d", 10), f("f", 50), f("y", 3, compressed=True)]  # fmt: skip
     got = [[u.path for u in unit] for unit in native.units(files)]
-    # by path, cut where the bytes (100; a gzip file's 12 times its size) or the
-    # files (3) would pass the limits; mapped (larger) files alone, and gzip ones
-    # whose records would be
+    # mapped (larger) files alone, and gzip ones whose records would be, first; then
+    # the rest by path, cut where the bytes (100; a gzip file's 12 times its size) or
+    # the files (3) would pass the limits
     assert native.GZIP_RATIO == 12
-    assert got == [["a", "b"], ["c", "d", "e"], ["f", "y"], ["big"], ["z"]]
+    assert got == [["big"], ["z"], ["a", "b"], ["c", "d", "e"], ["f", "y"]]
     assert native.units([]) == []
 
 

@@ -932,8 +932,8 @@ def units(files: Sequence[RecordFile]) -> list[list[RecordFile]]:
     READ_WHOLE_BYTES of records, gzip ones by a guess) in runs of up to UNIT_BYTES
     and UNIT_FILES, read as one (Reader.read_unit: at a thousand ranks' files the
     work per file, not per record, took most of the time), by path; every other
-    file alone. Made from the sizes alone, so that the same files always make the
-    same units (the rows kept of them come in the same order)."""
+    file alone, before them. Made from the sizes alone, so that the same files always
+    make the same units (the rows kept of them come in the same order)."""
     small = sorted((f for f in files if _text_bytes(f) <= READ_WHOLE_BYTES), key=lambda f: f.path)
     out: list[list[RecordFile]] = []
     size = 0
@@ -944,7 +944,8 @@ def units(files: Sequence[RecordFile]) -> list[list[RecordFile]]:
         out[-1].append(f)
         size += _text_bytes(f)
     taken = {id(f) for f in small}
-    return out + [[f] for f in files if id(f) not in taken]
+    # larger files first: the parsing threads end about together on the small units
+    return [[f] for f in files if id(f) not in taken] + out
 
 
 def _unit_batch(
