@@ -259,6 +259,42 @@ def test_units_take_small_plain_files_by_path_up_to_their_limits(
 
 
 @needs_library
+@needs_library
+def test_values_a_file_repeats_then_changes_are_read_as_duckdb_reads_them(
+    sim, tmp_path: Path
+) -> None:
+    """The parser's templates fold a value every line so far repeated into their
+    constant text, and keep a field apart once a line has another value there: values
+    that change after many lines, to one of the same length, back and forth, to and
+    from null, each kind of field, give the DuckDB reader's tables."""
+    good = first_op_lines(sim("plain"), 120)
+    edits = [
+        (20, lambda r: r["rankwatch"].update(device=7)),
+        (30, lambda r: r["metadata"].update(hostname="sim-node009")),  # same length
+        (40, lambda r: r["rankwatch"].update(graph_captured=True)),
+        (50, lambda r: r["rankwatch"].update(peer=3)),
+        (60, lambda r: r["rankwatch"].update(job_id="other job \"quoted\"")),
+        (70, lambda r: r.get("coll_perf", {}).update(coll_busbw_gbs=1.5)),
+        (80, lambda r: r["header"].update(rank=r["header"]["rank"] + 1)),
+        (90, lambda r: r["rankwatch"].update(algo=None)),
+    ]
+    lines = []
+    for i, line in enumerate(good):
+        record = json.loads(line)
+        for at, edit in edits:
+            if i >= at and (at != 40 or i % 2 == 0):  # graph_captured: back and forth
+                edit(record)
+        lines.append(json.dumps(record, separators=(",", ":")))
+    run = tmp_path / "run"
+    write_lines(run / "a-pid1.log", lines)
+    write_lines(run / "b-pid2.log", lines[::-1])  # the same changes, the other way
+    fast = _ingest(run, use_native=True)
+    assert sorted(Path(p).name for p in fast.native_files) == ["a-pid1.log", "b-pid2.log"]
+    assert_same_tables(fast, _ingest(run, use_native=False))
+    hosts = "SELECT host, count(*) FROM ops GROUP BY host ORDER BY host"
+    assert fast.con.execute(hosts).fetchall() == [("sim-node000", 60), ("sim-node009", 180)]
+
+
 @pytest.mark.parametrize("mapped", [True, False])
 def test_small_files_read_as_units_give_the_same_tables_and_rows_in_file_order(
     sim, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mapped: bool
