@@ -59,9 +59,9 @@ typedef struct {
  * The values of fields no line of the file has changed so far (host, pid, job,
  * device, datatype, flags: about a third of an op record's) are folded into the
  * constant text and written as they were parsed; a line that matches no template
- * marks each field whose folded value it changes as varying (learn_volatile), and
+ * marks each field whose folded value it changes as varying (learn_varying), and
  * later templates keep that field's value apart. At 1.2 KB op records: 0.67 ->
- * 0.45 us per record on one core (64 ranks' files), 1.19 -> 0.76 (1,024 ranks'). */
+ * 0.45 us per record on one core (64 ranks' files), 1.12 -> 0.71 (1,024 ranks'). */
 #define MAX_SPANS (MAX_GROUPS * MAX_FIELDS)
 #define MAX_TEMPLATES 4
 #define SHORT_TEXT 32 /* texts up to this long compare as masked words, without a loop */
@@ -85,7 +85,7 @@ typedef struct {
 } fixed_t;
 
 /* Where a folded value's text is in the template's text, to tell whether a line
- * that matched no template has another value there (learn_volatile). */
+ * that matched no template has another value there (learn_varying). */
 typedef struct {
   uint32_t off, len;
   int16_t group, field;
@@ -164,7 +164,7 @@ struct rwp_parser {
    * apart; every other field's value is folded into a template's constant text
    * (kept for the parser's life: what varies in one file varies in the next) */
   uint64_t varies[MAX_GROUPS];
-  int16_t span_of[MAX_GROUPS][MAX_FIELDS]; /* learn_volatile's index: span + 1, 0 none */
+  int16_t span_of[MAX_GROUPS][MAX_FIELDS]; /* learn_varying's index: span + 1, 0 none */
 };
 
 /* ------------------------------------------------------------ character classes */
@@ -797,6 +797,7 @@ static int skip_value(rwp_parser *p, const uint8_t **ps, const uint8_t *end, int
 
 /* ------------------------------------------------------------- typed values */
 
+static inline int bit_at(const uint8_t *bits, int64_t i) { return (bits[i >> 3] >> (i & 7)) & 1; }
 static inline void set_bit(uint8_t *bits, int64_t i) { bits[i >> 3] |= (uint8_t)(1u << (i & 7)); }
 static inline void clear_bit(uint8_t *bits, int64_t i) {
   bits[i >> 3] &= (uint8_t)~(1u << (i & 7));
@@ -1231,7 +1232,7 @@ static void remember_layout(rwp_parser *p, const uint8_t *s, const uint8_t *end)
             if (f->type == 's' || f->type == 'r') {
               x->value = ((const int32_t *)p->values[f->slot])[row];
             } else if (f->type == 'b') {
-              x->value = (((const uint8_t *)p->values[f->slot])[row >> 3] >> (row & 7)) & 1;
+              x->value = bit_at(p->values[f->slot], row);
             } else {
               x->value = ((const int64_t *)p->values[f->slot])[row];
             }
@@ -1270,7 +1271,7 @@ static void remember_layout(rwp_parser *p, const uint8_t *s, const uint8_t *end)
 /* The line just parsed (its spans recorded) matched no template: each field a
  * template folded whose value the line has with another text varies. Every miss
  * marks a field or adds a layout, so a file settles after a few misses. */
-static void learn_volatile(rwp_parser *p) {
+static void learn_varying(rwp_parser *p) {
   if (!p->ntemplates) return;
   for (int i = 0; i < p->nspans; i++)
     p->span_of[p->spans[i].group][p->spans[i].field] = (int16_t)(i + 1);
@@ -1341,7 +1342,7 @@ int64_t rwp_parse(rwp_parser *p, const char *buf, int64_t len, int final) {
         int rc = parse_line(p, first, line_end);
         if (rc == RWP_OK) {
           commit_row(p);
-          learn_volatile(p);
+          learn_varying(p);
           remember_layout(p, first, line_end);
         } else {
           flag(p, rc);
@@ -1980,7 +1981,6 @@ int64_t rwn_node(const rwn_reader *r, int i, const uint8_t **valid, const void *
 
 /* ------------------------------------------------------------------ capture */
 
-static inline int bit_at(const uint8_t *bits, int64_t i) { return (bits[i >> 3] >> (i & 7)) & 1; }
 
 /* The collective rows of one chunk of the native reader (rankwatch.store.captured):
  * `values` and `valid` hold the chunk's columns named by RW_C_* (int32 string codes,

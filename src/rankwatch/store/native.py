@@ -566,14 +566,10 @@ class Reader(Parser):
         if not isinstance(parsed, tuple):
             return None
         chunk, strings, found = parsed
-        counts = [outcome.rows for outcome in found]
-        for rf, outcome in zip(files, found, strict=True):
-            target = outcomes[rf.path]
-            target.rows, target.lines = outcome.rows, outcome.lines
-            target.unterminated = outcome.unterminated
+        outcomes.update(zip((rf.path for rf in files), found, strict=True))
         self._seen_bytes += size
         self._seen_rows += sum(outcome.lines for outcome in found)
-        return chunk, strings, counts
+        return chunk, strings, [outcome.rows for outcome in found]
 
     def _unit_rows(self, texts: Sequence[_Mapped | _Decompressed], exact: bool = False) -> int:
         """Rows to make room for in a unit's chunk: from the record size this reader
@@ -934,18 +930,17 @@ def units(files: Sequence[RecordFile]) -> list[list[RecordFile]]:
     work per file, not per record, took most of the time), by path; every other
     file alone, before them. Made from the sizes alone, so that the same files always
     make the same units (the rows kept of them come in the same order)."""
+    # larger files first: the parsing threads end about together on the small units
+    out = [[f] for f in files if _text_bytes(f) > READ_WHOLE_BYTES]
+    size = UNIT_BYTES + 1  # the first small file starts a unit
     small = sorted((f for f in files if _text_bytes(f) <= READ_WHOLE_BYTES), key=lambda f: f.path)
-    out: list[list[RecordFile]] = []
-    size = 0
     for f in small:
-        if not out or len(out[-1]) >= UNIT_FILES or size + _text_bytes(f) > UNIT_BYTES:
+        if size + _text_bytes(f) > UNIT_BYTES or len(out[-1]) >= UNIT_FILES:
             out.append([])
             size = 0
         out[-1].append(f)
         size += _text_bytes(f)
-    taken = {id(f) for f in small}
-    # larger files first: the parsing threads end about together on the small units
-    return [[f] for f in files if id(f) not in taken] + out
+    return out
 
 
 def _unit_batch(
