@@ -324,17 +324,48 @@ def test_small_files_read_as_units_give_the_same_tables_and_rows_in_file_order(
     assert np.array_equal(a.seq, b.seq) and np.array_equal(a.valid, b.valid)
     for name, values in a.values.items():
         assert np.array_equal(values, b.values[name]), name
+    assert _kept_members(a) == _kept_members(b)
+    # several processes
+    assert len(set(_kept_members(a))) > len({m[4:6] for m in _kept_members(a)}) > 1
 
-    def members(kept: Any) -> list[tuple]:  # each row's member, its strings as text
-        def text(code: int | None) -> str | None:
-            return kept.strings[code] if code is not None and code >= 0 else None
 
-        decoded = [(text(cid), text(name), rank, size, text(host), pid, text(key))
-                   for cid, name, rank, size, host, pid, key in kept.members]  # fmt: skip
-        return [decoded[m] for m in kept.member]
+def _kept_members(kept: Any) -> list[tuple]:
+    """Each kept collective row's member, its strings as text."""
 
-    assert members(a) == members(b)
-    assert len(set(members(a))) > len({m[4:6] for m in members(a)}) > 1  # several processes
+    def text(code: int | None) -> str | None:
+        return kept.strings[code] if code is not None and code >= 0 else None
+
+    decoded = [(text(cid), text(name), rank, size, text(host), pid, text(key))
+               for cid, name, rank, size, host, pid, key in kept.members]  # fmt: skip
+    return [decoded[m] for m in kept.member]
+
+
+@needs_library
+def test_a_unit_keeps_processes_apart_whose_ranks_and_communicators_are_alike(
+    sim, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two processes with the same communicator, rank and size (one communicator's
+    records, and the same on another host and pid) read in one unit: each row's
+    member keeps its own process, as reading each file alone gives."""
+    source = min(sim("plain").glob("*.log"))
+    lines = source.read_text(encoding="utf-8").splitlines()
+    comm = json.loads(lines[0])["header"]["id"]
+    lines = [x for x in lines if json.loads(x)["header"]["id"] == comm]
+    twin = []
+    for line in lines:
+        record = json.loads(line)
+        record["metadata"].update(hostname="twin-host", pid=99)
+        twin.append(json.dumps(record))
+    run = tmp_path / "run"
+    write_lines(run / "a-pid1.log", lines)
+    write_lines(run / "b-pid99.log", twin)
+    store = _ingest(run, use_native=True)
+    assert len(native.units([f for f in store.files if f.role == "ops"])) == 1
+    monkeypatch.setattr(native, "UNIT_FILES", 1)
+    alone = _ingest(run, use_native=True)
+    got = _kept_members(store.collectives_kept)
+    assert got == _kept_members(alone.collectives_kept)
+    assert {m[4] for m in got} == {"twin-host", json.loads(lines[0])["metadata"]["hostname"]}
 
 
 @needs_library
