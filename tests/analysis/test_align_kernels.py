@@ -140,9 +140,10 @@ def _odd_clocks_and_ranks(run: Run, rng: random.Random) -> None:
             [host, i == 0, rng.choice([-3.5, 0.5, 2.0]), rng.choice([0.0, 2.5, 1e3]),
              rng.choice([0.0, 5.0, 5.0, 12.5])],
         )  # fmt: skip
-    run.con.execute(
-        "CREATE OR REPLACE TABLE rank_map AS SELECT DISTINCT comm_key, rank, host, pid, "
-        "CASE WHEN rank < 7 THEN rank END AS world_rank FROM ops"
+    run.con.execute(  # typed as map_ranks types it
+        "CREATE OR REPLACE TABLE rank_map AS SELECT DISTINCT comm_key, CAST(rank AS BIGINT) "
+        "AS rank, host, pid, CAST(CASE WHEN rank < 7 THEN rank END AS BIGINT) AS world_rank "
+        "FROM ops"
     )
 
 
@@ -199,6 +200,20 @@ def test_passes_of_a_simulated_job_give_the_one_pass_sql_tables(
     tables = _align_both(run, kept)
     assert len(tables["native"]["collectives"]) > 500
     _assert_same(tables)
+
+
+def test_the_compiled_forms_casts_are_the_sql_forms_types(tmp_path: Path) -> None:
+    """The spelled-out types the kernels' rows are cast to are what DuckDB says the
+    SQL forms yield (fails when a query or the ops view changes a type)."""
+    run = ingest([_random_job(tmp_path / "job", 3, records=200)], progress=False).run()
+    align(run)
+
+    def described(query: str) -> tuple[tuple[str, str], ...]:
+        return tuple((n, t) for n, t, *_ in run.con.execute(f"DESCRIBE {query}").fetchall())
+
+    joined = collectives.JOINED_CTES.format(part="FALSE") + " SELECT * FROM joined"
+    assert described(joined) == collectives.JOINED_TYPES
+    assert described(collectives.RANK_LATENESS_QUERY) == collectives.RANK_LATENESS_TYPES
 
 
 def test_kept_columns_stand_aside_when_some_ops_came_through_another_reader(

@@ -244,12 +244,37 @@ def _collectives(run: Run) -> None:
         run.con.execute(target + COLLECTIVES_QUERY.format(part=_part(i, passes)))
 
 
-def _cast_select(con: Any, query: str) -> str:
-    """SELECT list giving the column names and types `query` yields."""
-    described = con.execute(f"DESCRIBE {query}").fetchall()
-    return ", ".join(
-        f'CAST("{name}" AS {sql_type}) AS "{name}"' for name, sql_type, *_ in described
-    )
+# The columns and types of the SQL forms' `joined` rows (JOINED_CTES) and of
+# RANK_LATENESS_QUERY, which the compiled form's Arrow tables are cast to. Spelled
+# out rather than asked of DuckDB (a DESCRIBE binds the ops view: 20 ms a run);
+# tests/analysis/test_align_kernels.py checks them against DESCRIBE.
+JOINED_TYPES = (
+    ("comm_key", "VARCHAR"), ("func", "VARCHAR"), ("seq", "BIGINT"), ("comm_id", "VARCHAR"),
+    ("comm_name", "VARCHAR"), ("n_ranks", "INTEGER"), ("n_seen", "BIGINT"),
+    ("hosts", "BIGINT"), ("msg_bytes", "BIGINT"), ("size_mismatch", "BOOLEAN"),
+    ("first_arrival", "BIGINT"), ("last_arrival", "BIGINT"),
+    ("second_last_arrival", "BIGINT"), ("median_arrival", "DOUBLE"),
+    ("last_rank", "INTEGER"), ("last_world_rank", "BIGINT"), ("last_host", "VARCHAR"),
+    ("first_gpu_start", "BIGINT"), ("last_gpu_start", "BIGINT"),
+    ("second_last_gpu_start", "BIGINT"), ("median_gpu_start", "DOUBLE"),
+    ("last_gpu_world_rank", "BIGINT"), ("first_gpu_end", "BIGINT"),
+    ("last_gpu_end", "BIGINT"), ("end_minus_last_start", "BIGINT"),
+    ("min_duration", "BIGINT"), ("lag_bound_ns", "DOUBLE"),
+)  # fmt: skip
+RANK_LATENESS_TYPES = (
+    ("world_rank", "BIGINT"), ("host", "VARCHAR"), ("collectives", "BIGINT"),
+    ("times_last_arrival", "BIGINT"), ("arrival_lag_caused_ns", "HUGEINT"),
+    ("mean_last_arrival_lag_ns", "DOUBLE"), ("times_last_gpu_start", "BIGINT"),
+    ("gpu_lag_caused_ns", "HUGEINT"), ("mean_last_gpu_lag_ns", "DOUBLE"),
+    ("mean_arrival_lag_ns", "DOUBLE"), ("mean_gpu_lag_ns", "DOUBLE"),
+    ("max_lag_bound_ns", "DOUBLE"), ("significant_last_arrivals", "BIGINT"),
+    ("significant_last_gpu_starts", "BIGINT"),
+)  # fmt: skip
+
+
+def _cast_select(types: tuple[tuple[str, str], ...]) -> str:
+    """SELECT list giving these column names and types."""
+    return ", ".join(f'CAST("{name}" AS {sql_type}) AS "{name}"' for name, sql_type in types)
 
 
 def _collectives_native(run: Run) -> kernels.Lateness | None:
@@ -263,7 +288,7 @@ def _collectives_native(run: Run) -> kernels.Lateness | None:
     if kept is None:
         return None
     con = run.con
-    casts = _cast_select(con, JOINED_CTES.format(part="FALSE") + " SELECT * FROM joined")
+    casts = _cast_select(JOINED_TYPES)
     try:
         job = kernels.job_tables(con, kept)
         late = kernels.Lateness(job.hosts, job.worlds)
@@ -288,7 +313,7 @@ def _rank_lateness_native(run: Run, late: kernels.Lateness) -> None:
     """rank_lateness from the kernels' sums, typed as RANK_LATENESS_SQL's columns."""
     import pyarrow as pa
 
-    casts = _cast_select(run.con, RANK_LATENESS_QUERY)
+    casts = _cast_select(RANK_LATENESS_TYPES)
     run.con.register("rankwatch_lateness", pa.table(late.rows()))
     try:
         run.con.execute(
