@@ -34,8 +34,6 @@ the ops table's collective rows; the SQL everywhere else.
 
 from __future__ import annotations
 
-from typing import Any
-
 from rankwatch.align import groups, kernels
 from rankwatch.align.clock import correction_sql
 from rankwatch.model import Run
