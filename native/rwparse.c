@@ -2120,6 +2120,98 @@ static inline void aggregate(const group_columns_t *t, int64_t i, int64_t g,
   }
 }
 
+/* 1 when the first `rows` bits of an LSB-first bitmap are all set, 0 when none
+ * is, -1 when some are. */
+static int bits_all(const uint8_t *v, int64_t rows) {
+  int64_t full = rows / 8;
+  int rest = (int)(rows % 8);
+  uint8_t ones = (uint8_t)((1u << rest) - 1), tail = rest ? (uint8_t)(v[full] & ones) : 0;
+  int all = tail == ones, none = tail == 0;
+  for (int64_t i = 0; i < full && (all || none); i++) {
+    all &= v[i] == 0xFF;
+    none &= v[i] == 0;
+  }
+  return all ? 1 : none ? 0 : -1;
+}
+
+/* same[i]: whether row i has row i - 1's key (same[0] = 0), found a key column at a
+ * time: a rank's ops of one function follow each other, and a streaming pass per
+ * column costs less than reading every key column of every row in turn. */
+static void same_as_previous(const group_columns_t *t, int64_t rows, uint8_t *same) {
+  if (rows <= 0) return;
+  memset(same, 1, (size_t)rows);
+  same[0] = 0;
+  for (int c = 0; c < RW_G_KEYS; c++) {
+    const uint8_t *v = t->valid[c];
+    const int32_t *code = t->code[c];
+    const int64_t *num = t->num[c];
+    int fill = bits_all(v, rows);
+    if (fill == 0) continue; /* NULL in every row: equal throughout */
+    if (fill == 1) {         /* the usual key column: a value in every row */
+      if (code)
+        for (int64_t i = 1; i < rows; i++) same[i] &= (uint8_t)(code[i] == code[i - 1]);
+      else
+        for (int64_t i = 1; i < rows; i++) same[i] &= (uint8_t)(num[i] == num[i - 1]);
+      continue;
+    }
+    int had = bit_at(v, 0);
+    for (int64_t i = 1; i < rows; i++) {
+      int has = bit_at(v, i);
+      /* a NULL's slot is not read: its value is whatever the buffer held */
+      int equal = has == had && (!has || (code ? code[i] == code[i - 1] : num[i] == num[i - 1]));
+      same[i] &= (uint8_t)equal;
+      had = has;
+    }
+  }
+}
+
+static int64_t run_max(const int64_t *x, int64_t lo, int64_t hi) {
+  int64_t m = x[lo];
+  for (int64_t i = lo + 1; i < hi; i++) m = x[i] > m ? x[i] : m;
+  return m;
+}
+
+static int64_t run_min(const int64_t *x, int64_t lo, int64_t hi) {
+  int64_t m = x[lo];
+  for (int64_t i = lo + 1; i < hi; i++) m = x[i] < m ? x[i] : m;
+  return m;
+}
+
+static void take_aggregate(int64_t *const *agg, uint8_t *agg_valid, int a, int64_t g,
+                           int is_min, int64_t v) {
+  int64_t *slot = &agg[a][g];
+  uint8_t bit = (uint8_t)(1u << a);
+  if (!(agg_valid[g] & bit) || (is_min ? v < *slot : v > *slot)) *slot = v;
+  agg_valid[g] |= bit;
+}
+
+/* Whether every input of aggregate() but the enqueue end (which only stands in for
+ * a missing GPU end) has a value in every row of the chunk. */
+static int aggregates_dense(const group_columns_t *t, int64_t rows) {
+  const int cols[] = {RW_G_N_RANKS, RW_G_NNODES, RW_G_ARRIVAL, RW_G_GPU_END, RW_G_GPU_START};
+  for (size_t k = 0; k < sizeof cols / sizeof cols[0]; k++)
+    if (t->code[cols[k]] || bits_all(t->valid[cols[k]], rows) != 1) return 0;
+  return 1;
+}
+
+/* aggregate() of rows lo .. hi - 1 of group g, a column at a time where the chunk
+ * is dense (aggregates_dense), else a row at a time. */
+static void aggregate_run(const group_columns_t *t, int64_t lo, int64_t hi, int64_t g,
+                          int dense, int64_t *const *agg, uint8_t *agg_valid) {
+  if (!dense) {
+    for (int64_t i = lo; i < hi; i++) aggregate(t, i, g, agg, agg_valid);
+    return;
+  }
+  const int64_t *end = t->num[RW_G_GPU_END];
+  take_aggregate(agg, agg_valid, RW_A_N_RANKS, g, 0, run_max(t->num[RW_G_N_RANKS], lo, hi));
+  take_aggregate(agg, agg_valid, RW_A_NNODES, g, 0, run_max(t->num[RW_G_NNODES], lo, hi));
+  take_aggregate(agg, agg_valid, RW_A_FIRST_ARRIVAL, g, 1, run_min(t->num[RW_G_ARRIVAL], lo, hi));
+  take_aggregate(agg, agg_valid, RW_A_LAST_END, g, 0, run_max(end, lo, hi));
+  take_aggregate(agg, agg_valid, RW_A_FIRST_TIMED_START, g, 1,
+                 run_min(t->num[RW_G_GPU_START], lo, hi));
+  take_aggregate(agg, agg_valid, RW_A_LAST_TIMED_END, g, 0, run_max(end, lo, hi));
+}
+
 int64_t rwp_groups(int64_t rows, const void *const *values, const uint8_t *const *valid,
                    int64_t capacity, int32_t *out_row, int64_t *out_count,
                    int64_t *const *out_agg, uint8_t *out_valid) {
@@ -2136,12 +2228,18 @@ int64_t rwp_groups(int64_t rows, const void *const *values, const uint8_t *const
   int64_t *table = calloc(slots, sizeof *table);
   int64_t *keys = malloc(((size_t)capacity + 1) * RW_G_KEYS * sizeof *keys);
   uint16_t *nulls = malloc(((size_t)capacity + 1) * sizeof *nulls);
-  if (!table || !keys || !nulls) {
-    free(table), free(keys), free(nulls);
+  uint8_t *same = malloc((size_t)rows + 1);
+  if (!table || !keys || !nulls || !same) {
+    free(table), free(keys), free(nulls), free(same);
     return -1;
   }
-  int64_t groups = 0, last = -1;
-  for (int64_t i = 0; i < rows; i++) {
+  same_as_previous(&t, rows, same);
+  int dense = rows > 0 && aggregates_dense(&t, rows);
+  int64_t groups = 0;
+  for (int64_t i = 0, next; i < rows; i = next) {
+    for (next = i + 1; next < rows && same[next]; next++) {
+    }
+    /* rows i .. next - 1: one run of the key of row i */
     int64_t k[RW_G_KEYS];
     uint16_t null = 0;
     for (int c = 0; c < RW_G_KEYS; c++) {
@@ -2150,10 +2248,7 @@ int64_t rwp_groups(int64_t rows, const void *const *values, const uint8_t *const
       null |= (uint16_t)(!has << c);
     }
     int64_t g = -1;
-    /* rows of a group often follow each other: the last row's first */
-    if (last >= 0 && nulls[last] == null && memcmp(&keys[last * RW_G_KEYS], k, sizeof k) == 0) {
-      g = last;
-    } else {
+    {
       uint64_t h = 0x9e3779b97f4a7c15ull ^ null;
       for (int c = 0; c < RW_G_KEYS; c++) h = mix64(h ^ (uint64_t)k[c]);
       uint64_t at = h & (slots - 1);
@@ -2167,7 +2262,7 @@ int64_t rwp_groups(int64_t rows, const void *const *values, const uint8_t *const
       }
       if (g < 0) {
         if (groups == capacity) {
-          free(table), free(keys), free(nulls);
+          free(table), free(keys), free(nulls), free(same);
           return -1;
         }
         g = groups++;
@@ -2178,11 +2273,10 @@ int64_t rwp_groups(int64_t rows, const void *const *values, const uint8_t *const
         out_count[g] = 0;
         out_valid[g] = 0;
       }
-      last = g;
     }
-    out_count[g]++;
-    aggregate(&t, i, g, out_agg, out_valid);
+    out_count[g] += next - i;
+    aggregate_run(&t, i, next, g, dense, out_agg, out_valid);
   }
-  free(table), free(keys), free(nulls);
+  free(table), free(keys), free(nulls), free(same);
   return groups;
 }

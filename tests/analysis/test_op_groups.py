@@ -3,6 +3,7 @@ count over every op: the numbers read from it must be the ones a scan of ops giv
 
 from __future__ import annotations
 
+import json
 import shutil
 from dataclasses import replace
 
@@ -110,3 +111,38 @@ def test_op_groups_counted_while_parsing_equal_a_count_over_ops(
         assert run.con.execute(only).fetchall()[0][0] == 0, a
     assert run.con.execute("SELECT count(*) FROM op_groups").fetchall()[0][0] >= 10
     assert KEPT_GROUPS not in run.meta  # used once: a later make() counts ops again
+
+
+def test_op_groups_counted_where_key_fields_and_times_are_sometimes_missing(
+    sim, tmp_path, monkeypatch
+) -> None:
+    """Neighbouring rows whose key fields are missing in some rows and differ in others
+    (device, communicator name), and whose GPU times are sometimes missing: the counts
+    and their aggregates equal a count over ops (the reader finds runs of one group
+    a column at a time, and takes a column's extremes over a run at once where every
+    row of the chunk has the aggregated times)."""
+    records = [json.loads(line) for line in first_op_lines(sim("plain"), 120)]
+    for i, record in enumerate(records[:80]):  # the rest: a chunk with every time
+        op = record["rankwatch"]
+        if i % 7 == 3:
+            op.pop("device", None)
+        else:
+            op["device"] = (i // 2) % 2  # also changes between neighbours that have one
+        if i % 4 == 1:
+            record["header"].pop("comm_name", None)
+        if i % 5 == 3:
+            op["gpu_start_ns"] = None
+        if i % 6 == 4:
+            op["gpu_end_ns"] = None
+    job = write_lines(tmp_path / "job" / "edge-pid99.log", [json.dumps(r) for r in records])
+    monkeypatch.setattr(native.Reader.__init__, "__defaults__", chunk_rows_default(40))
+    store = ingest([job.parent], progress=False)
+    assert not store.problems
+    run = store.run()
+    assert KEPT_GROUPS in run.meta
+    groups.make(run)
+    run.con.execute(f"CREATE TABLE recount AS {groups.count_sql('ops')}")
+    for a, b in (("op_groups", "recount"), ("recount", "op_groups")):
+        only = f"SELECT count(*) FROM (SELECT * FROM {a} EXCEPT ALL SELECT * FROM {b})"
+        assert run.con.execute(only).fetchall()[0][0] == 0, a
+    assert run.con.execute("SELECT count(*) FROM op_groups").fetchall()[0][0] >= 8
