@@ -434,7 +434,7 @@ def _load(cursors: _Cursors, files: list[RecordFile], workers: int) -> dict[str,
     batches = background.run_all([functools.partial(work, files[i::n]) for i in range(n)])
     taken = [b for part in batches for b in part]
     if taken:
-        table = _plain_strings(pa.Table.from_batches(taken))
+        table = pa.Table.from_batches(taken)
         kinds = [t for t in STATE_KIND_OF_TABLE if t != "progress"]
         # progress (its nested values take DuckDB most of the time) beside the others
         inserts = [functools.partial(_insert, cursors.progress, table, ["progress"]),
@@ -446,19 +446,6 @@ def _load(cursors: _Cursors, files: list[RecordFile], workers: int) -> dict[str,
             load.delete_state_files(cursors.others, [f.path for f in files])
             return {}
     return {p: o for p, o in outcomes.items() if not o.reject}
-
-
-def _plain_strings(table: Any) -> Any:
-    """`table` with its string columns decoded. They share the reader's dictionary,
-    every string of the chunk (the nested fields' texts among them: 9,000 at 64
-    ranks), and DuckDB takes in a column's whole dictionary on each of the four
-    inserts: decoding first (2 ms) made them 0.11 -> 0.07 s."""
-    import pyarrow as pa
-
-    for i, field in enumerate(table.schema):
-        if pa.types.is_dictionary(field.type):
-            table = table.set_column(i, field.name, table.column(i).cast(field.type.value_type))
-    return table
 
 
 def _insert(cursor: Any, table: Any, targets: list[str]) -> None:
