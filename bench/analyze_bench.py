@@ -21,7 +21,7 @@ data queries, figures and page: the `+ HTML` column, outside the end-to-end
 figures), then each path's ratios against the first path, then one JSON line per
 size for bench/RESULTS.md. The timed part starts once the analysis's libraries are
 imported: those rankwatch imports up front (DuckDB, NumPy) and those it imports on
-first use (pyarrow, numpy.ma: 0.15 to 0.2 s on the development VM, `imports_s` in
+first use (pyarrow, numpy.ma: about 0.06 s on the development VM, `imports_s` in
 the JSON), a cost per process, not per record. DuckDB's memory limit and spill directory
 come from the RANKWATCH_MEMORY_LIMIT / RANKWATCH_SPILL_DIR settings
 (rankwatch.store.engine).
