@@ -216,6 +216,27 @@ def test_the_compiled_forms_casts_are_the_sql_forms_types(tmp_path: Path) -> Non
     assert described(collectives.RANK_LATENESS_QUERY) == collectives.RANK_LATENESS_TYPES
 
 
+@pytest.mark.parametrize("seed", range(2))
+def test_a_whole_alignment_reuses_the_clocks_grouping_and_gives_the_sql_tables(
+    seed: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """align() as analyze runs it: the clock's passes keep each pass's grouping and
+    the collectives' passes take it instead of grouping again; the tables are the SQL
+    form's (fails when a kept grouping is taken for the wrong pass or rows)."""
+    run = ingest([_random_job(tmp_path / "job", seed)], progress=False).run()
+    kept = run.meta["collectives_kept"]
+    monkeypatch.setattr(kernels, "ROWS_PER_PASS", 1 + kept.rows // 3)
+    grouped = []
+    group = kernels._group
+    monkeypatch.setattr(kernels, "_group", lambda *a: grouped.append(1) or group(*a))
+    align(run)
+    passes = kernels.passes(kept.rows)
+    assert passes > 1 and len(grouped) == passes  # the collectives' passes grouped nothing
+    native_tables = {t: _rows(run, t) for t in TABLES}
+    collectives.align_collectives(run)  # the kept columns released: the SQL form
+    _assert_same({"native": native_tables, "sql": {t: _rows(run, t) for t in TABLES}})
+
+
 def test_kept_columns_stand_aside_when_some_ops_came_through_another_reader(
     tmp_path: Path,
 ) -> None:
