@@ -2236,10 +2236,9 @@ int64_t rwp_groups(int64_t rows, const void *const *values, const uint8_t *const
   same_as_previous(&t, rows, same);
   int dense = rows > 0 && aggregates_dense(&t, rows);
   int64_t groups = 0;
-  for (int64_t i = 0, next; i < rows; i = next) {
-    for (next = i + 1; next < rows && same[next]; next++) {
-    }
-    /* rows i .. next - 1: one run of the key of row i */
+  for (int64_t i = 0; i < rows;) {
+    int64_t next = i + 1; /* rows i .. next - 1: one run of the key of row i */
+    while (next < rows && same[next]) next++;
     int64_t k[RW_G_KEYS];
     uint16_t null = 0;
     for (int c = 0; c < RW_G_KEYS; c++) {
@@ -2248,34 +2247,33 @@ int64_t rwp_groups(int64_t rows, const void *const *values, const uint8_t *const
       null |= (uint16_t)(!has << c);
     }
     int64_t g = -1;
-    {
-      uint64_t h = 0x9e3779b97f4a7c15ull ^ null;
-      for (int c = 0; c < RW_G_KEYS; c++) h = mix64(h ^ (uint64_t)k[c]);
-      uint64_t at = h & (slots - 1);
-      while (table[at]) {
-        int64_t other = table[at] - 1;
-        if (nulls[other] == null && memcmp(&keys[other * RW_G_KEYS], k, sizeof k) == 0) {
-          g = other;
-          break;
-        }
-        at = (at + 1) & (slots - 1);
+    uint64_t h = 0x9e3779b97f4a7c15ull ^ null;
+    for (int c = 0; c < RW_G_KEYS; c++) h = mix64(h ^ (uint64_t)k[c]);
+    uint64_t at = h & (slots - 1);
+    while (table[at]) {
+      int64_t other = table[at] - 1;
+      if (nulls[other] == null && memcmp(&keys[other * RW_G_KEYS], k, sizeof k) == 0) {
+        g = other;
+        break;
       }
-      if (g < 0) {
-        if (groups == capacity) {
-          free(table), free(keys), free(nulls), free(same);
-          return -1;
-        }
-        g = groups++;
-        table[at] = g + 1;
-        memcpy(&keys[g * RW_G_KEYS], k, sizeof k);
-        nulls[g] = null;
-        out_row[g] = (int32_t)i;
-        out_count[g] = 0;
-        out_valid[g] = 0;
+      at = (at + 1) & (slots - 1);
+    }
+    if (g < 0) {
+      if (groups == capacity) {
+        free(table), free(keys), free(nulls), free(same);
+        return -1;
       }
+      g = groups++;
+      table[at] = g + 1;
+      memcpy(&keys[g * RW_G_KEYS], k, sizeof k);
+      nulls[g] = null;
+      out_row[g] = (int32_t)i;
+      out_count[g] = 0;
+      out_valid[g] = 0;
     }
     out_count[g] += next - i;
     aggregate_run(&t, i, next, g, dense, out_agg, out_valid);
+    i = next;
   }
   free(table), free(keys), free(nulls), free(same);
   return groups;
