@@ -143,12 +143,29 @@ typedef struct {
   const int64_t *in;
   const uint8_t *ok;
   int64_t n;
+  const int64_t *members; /* [n_members][RWA_M] */
+  int64_t n_members;
 } cols_t;
 
 /* row-major: a row's columns share a cache line or two, and a collective's rows
  * lie all over the input (one rank's file after another's) */
 static int64_t val(const cols_t *c, int col, int64_t i) { return c->in[i * RWA_IN + col]; }
 static int has(const cols_t *c, int col, int64_t i) { return c->ok[i * RWA_IN + col]; }
+/* column `col` (RWA_M_*) of row i's member */
+static int64_t mem(const cols_t *c, int64_t i, int col) {
+  return c->members[c->in[i * RWA_IN + RWA_IN_MEMBER] * RWA_M + col];
+}
+
+/* Whether the members table's codes are in range: hosts in [0, n_hosts), world
+ * codes in [0, n_world) (n_world 0: not read). */
+static int members_in_range(const int64_t *members, int64_t n_members, int64_t n_hosts,
+                            int64_t n_world) {
+  for (int64_t m = 0; m < n_members; m++) {
+    int64_t h = members[m * RWA_M + RWA_M_HOST], w = members[m * RWA_M + RWA_M_WORLD_CODE];
+    if (h < 0 || h >= n_hosts || (n_world > 0 && (w < 0 || w >= n_world))) return 0;
+  }
+  return 1;
+}
 
 /* How many rows ahead (in `order`) the group kernels ask for a row's cache lines:
  * a collective's rows lie all over a pass's input (one rank's after another's), so
@@ -159,8 +176,7 @@ static void prefetch_row(const cols_t *c, int64_t i) {
   const char *row = (const char *)(c->in + i * RWA_IN);
   const char *ok = (const char *)(c->ok + i * RWA_IN);
   __builtin_prefetch(row);
-  __builtin_prefetch(row + sizeof(int64_t) * RWA_IN - 1); /* a row spans two or three lines */
-  __builtin_prefetch(row + 64);
+  __builtin_prefetch(row + sizeof(int64_t) * RWA_IN - 1); /* a row spans one or two lines */
   __builtin_prefetch(ok);
   __builtin_prefetch(ok + RWA_IN - 1);
 }
@@ -181,14 +197,13 @@ typedef struct {
 } last_t;
 
 static void last_visit(last_t *l, const cols_t *c, int64_t i) {
-  if (!has(c, RWA_IN_RANK, i)) return;
-  int64_t r = val(c, RWA_IN_RANK, i);
+  int64_t r = mem(c, i, RWA_M_RANK); /* a member always has a rank */
   take_min(&l->rank, r);
-  if (has(c, RWA_IN_WORLD_RANK, i) && (!l->world.ok || r < l->world_key)) {
-    l->world = (opt_t){val(c, RWA_IN_WORLD_RANK, i), 1};
+  if (mem(c, i, RWA_M_WORLD_OK) && (!l->world.ok || r < l->world_key)) {
+    l->world = (opt_t){mem(c, i, RWA_M_WORLD_RANK), 1};
     l->world_key = r;
   }
-  int64_t h = val(c, RWA_IN_HOST, i);
+  int64_t h = mem(c, i, RWA_M_HOST);
   if (h >= 0 && (!l->host.ok || r < l->host_key)) {
     l->host = (opt_t){h, 1};
     l->host_key = r;
@@ -241,9 +256,9 @@ static int add_sum(int64_t *sum, int64_t v) { return !__builtin_add_overflow(*su
 
 static int late_row(const late_in_t *t, const cols_t *c, int64_t i, int64_t n_world,
                     int64_t *li, double *lf) {
-  int64_t w = val(c, RWA_IN_WORLD_CODE, i);
+  int64_t w = mem(c, i, RWA_M_WORLD_CODE);
   li[RWA_L_COLLECTIVES * n_world + w]++;
-  int64_t h = val(c, RWA_IN_HOST, i);
+  int64_t h = mem(c, i, RWA_M_HOST);
   int64_t *host = &li[RWA_L_HOST * n_world + w];
   if (h >= 0 && (*host < 0 || h < *host)) *host = h;
   int multi = t->n_seen > 1;
@@ -284,9 +299,11 @@ typedef struct {
   int64_t n_hosts, n_world;
   int64_t *host_stamp, *scratch, *late_i64;
   double *late_f64;
-  const double *bound;
-  const uint8_t *bound_ok, *key_ok;
+  const double *bound_ns; /* per host, where bound_ok: its clock row's bound */
+  const uint8_t *bound_ok;
 } ctx_t;
+
+static int host_bounded(const ctx_t *x, int64_t h) { return x->bound_ok[h]; }
 
 /* One group's rows are rows[0 .. m); the next groups' follow, up to rows[ahead). */
 static int64_t one_group(const ctx_t *x, const cols_t *c, out_t *o, int64_t g,
@@ -302,34 +319,30 @@ static int64_t one_group(const ctx_t *x, const cols_t *c, out_t *o, int64_t g,
     int64_t i = rows[j];
     if (j + PREFETCH_ROWS < ahead) {
       int64_t next = rows[j + PREFETCH_ROWS];
-      if (next >= 0 && next < c->n) {
-        prefetch_row(c, next);
-        __builtin_prefetch(x->bound + next);
-        __builtin_prefetch(x->bound_ok + next);
-        __builtin_prefetch(x->key_ok + next);
-      }
+      if (next >= 0 && next < c->n) prefetch_row(c, next);
     }
-    /* each row is checked on its first visit, before any array is indexed by it */
+    /* each row is checked on its first visit, before any array is indexed by it (the
+     * members' codes were checked before) */
     if (i < 0 || i >= c->n) return RWA_RANGE;
-    int64_t hc = val(c, RWA_IN_HOST, i), wc = val(c, RWA_IN_WORLD_CODE, i);
-    if (hc < -1 || hc >= x->n_hosts || wc < 0 || wc >= x->n_world) return RWA_RANGE;
-    if (has(c, RWA_IN_N_RANKS, i)) take_max(&n_ranks, val(c, RWA_IN_N_RANKS, i));
+    int64_t member = val(c, RWA_IN_MEMBER, i);
+    if (member < 0 || member >= c->n_members) return RWA_RANGE;
+    if (mem(c, i, RWA_M_N_RANKS_OK)) take_max(&n_ranks, mem(c, i, RWA_M_N_RANKS));
     take_range(&msg_min, &msg_max, c, RWA_IN_MSG_BYTES, i);
     take_range(&arr_min, &arr_max, c, RWA_IN_ARRIVAL, i);
     take_range(&gs_min, &gs_max, c, RWA_IN_GPU_START, i);
     take_range(&ge_min, &ge_max, c, RWA_IN_GPU_END, i);
     if (has(c, RWA_IN_DURATION, i)) take_min(&dur_min, val(c, RWA_IN_DURATION, i));
-    if (val(c, RWA_IN_COMM_ID, i) >= 0) take_max(&comm_id, val(c, RWA_IN_COMM_ID, i));
-    if (val(c, RWA_IN_COMM_NAME, i) >= 0) take_max(&comm_name, val(c, RWA_IN_COMM_NAME, i));
-    int64_t h = val(c, RWA_IN_HOST, i);
-    if (h >= 0 && x->host_stamp[h] != g) { /* distinct hosts, stamped with the group */
+    if (mem(c, i, RWA_M_COMM_ID) >= 0) take_max(&comm_id, mem(c, i, RWA_M_COMM_ID));
+    if (mem(c, i, RWA_M_COMM_NAME) >= 0) take_max(&comm_name, mem(c, i, RWA_M_COMM_NAME));
+    int64_t h = mem(c, i, RWA_M_HOST);
+    if (x->host_stamp[h] != g) { /* distinct hosts, stamped with the group */
       x->host_stamp[h] = g;
       hosts++;
     }
-    if (!x->bound_ok[i]) {
+    if (!host_bounded(x, h)) {
       unbounded++;
-    } else if (!top_ok || x->bound[i] > top) {
-      top = x->bound[i];
+    } else if (!top_ok || x->bound_ns[h] > top) {
+      top = x->bound_ns[h];
       top_ok = 1;
     }
   }
@@ -353,8 +366,9 @@ static int64_t one_group(const ctx_t *x, const cols_t *c, out_t *o, int64_t g,
       if (s == gs_max.v) at_gs++;
       else take_max(&before_gs, s);
     }
-    if (x->bound_ok[i] && top_ok) {
-      double b = x->bound[i];
+    int64_t h = mem(c, i, RWA_M_HOST);
+    if (host_bounded(x, h) && top_ok) {
+      double b = x->bound_ns[h];
       if (b == top) at_top++;
       else if (b < top && (!below_ok || b > below)) {
         below = b;
@@ -412,8 +426,8 @@ static int64_t one_group(const ctx_t *x, const cols_t *c, out_t *o, int64_t g,
     if (__builtin_sub_overflow(gs_max.v, second_gs.v, &t.lag_g.v)) return RWA_OVERFLOW;
     t.lag_g.ok = 1;
   }
-  for (int64_t j = 0; j < m; j++)
-    if (x->key_ok[rows[j]] &&
+  for (int64_t j = 0; j < m; j++) /* rows whose key joins (a communicator key) */
+    if (mem(c, rows[j], RWA_M_COMM_KEY) >= 0 &&
         !late_row(&t, c, rows[j], x->n_world, x->late_i64, x->late_f64))
       return RWA_OVERFLOW;
   return 1;
@@ -421,26 +435,31 @@ static int64_t one_group(const ctx_t *x, const cols_t *c, out_t *o, int64_t g,
 
 /* Every collective's row (the `joined` rows of COLLECTIVES_QUERY, keys left to the
  * caller: group g's are those of row order[starts[g]]) into out_i64/out_f64/out_ok,
- * and each row with key_ok set added to its world rank's lateness (late_i64,
- * late_f64: accumulators the caller zeroes once, RWA_L_HOST set to -1, and passes
- * to every call). `in`/`in_ok`: [n][RWA_IN] per-row columns (RWA_IN_HOST,
- * RWA_IN_COMM_ID, RWA_IN_COMM_NAME: codes, -1 NULL; RWA_IN_WORLD_CODE: 0 ..
- * n_world - 1, NULL world ranks a code of their own). `host_stamp`: n_hosts
- * int64 set to -1; `scratch`: as many int64 as the largest group has rows. */
+ * and each row whose member has a communicator key added to its world rank's
+ * lateness (late_i64, late_f64: accumulators the caller zeroes once, RWA_L_HOST set
+ * to -1, and passes to every call). `in`/`in_ok`: rwa_prepare's [n][RWA_IN] rows;
+ * `members`: the members they point to (RWA_M_COMM_ID, RWA_M_COMM_NAME codes, -1
+ * NULL; RWA_M_WORLD_CODE in [0, n_world), NULL world ranks a code of their own);
+ * per host: its clock row's bound (bound_ns where bound_ok; a host without a clock
+ * row has none, as OPS_ALIGNED_SQL's LEFT JOIN of host_clock gives it).
+ * `host_stamp`: n_hosts int64 set to -1; `scratch`: as many int64 as the largest
+ * group has rows. */
 RWA_EXPORT int64_t rwa_collectives(int64_t n_groups, const int64_t *starts,
                                    const int64_t *order, int64_t n, const int64_t *in,
-                                   const uint8_t *in_ok, const double *bound,
-                                   const uint8_t *bound_ok, const uint8_t *key_ok,
-                                   int64_t n_hosts, int64_t n_world, int64_t *host_stamp,
-                                   int64_t *scratch, int64_t *out_i64, double *out_f64,
-                                   uint8_t *out_ok, int64_t *late_i64, double *late_f64) {
-  if (n_groups < 0 || n < 0 || n_hosts < 0 || n_world < 0) return RWA_RANGE;
+                                   const uint8_t *in_ok, int64_t n_members,
+                                   const int64_t *members, int64_t n_hosts,
+                                   const double *bound_ns, const uint8_t *bound_ok,
+                                   int64_t n_world, int64_t *host_stamp, int64_t *scratch,
+                                   int64_t *out_i64, double *out_f64, uint8_t *out_ok,
+                                   int64_t *late_i64, double *late_f64) {
+  if (n_groups < 0 || n < 0 || n_members < 0 || n_hosts < 0 || n_world < 0) return RWA_RANGE;
+  if (n > 0 && n_world < 1) return RWA_RANGE; /* every row has a world code */
   if (starts[0] != 0 || starts[n_groups] != n) return RWA_RANGE;
   for (int64_t g = 0; g < n_groups; g++)
     if (starts[g + 1] < starts[g]) return RWA_RANGE;
-  cols_t c = {in, in_ok, n};
-  ctx_t x = {n_hosts, n_world, host_stamp, scratch, late_i64, late_f64, bound, bound_ok,
-             key_ok};
+  if (!members_in_range(members, n_members, n_hosts, n_world)) return RWA_RANGE;
+  cols_t c = {in, in_ok, n, members, n_members};
+  ctx_t x = {n_hosts, n_world, host_stamp, scratch, late_i64, late_f64, bound_ns, bound_ok};
   out_t o = {out_i64, out_f64, out_ok, n_groups};
   for (int64_t g = 0; g < n_groups; g++) {
     int64_t got = one_group(&x, &c, &o, g, order + starts[g], starts[g + 1] - starts[g],
@@ -484,31 +503,27 @@ static int64_t member_col(const int64_t *members, int64_t m, int col) {
 }
 
 /* The rows of one pass of rwa_collectives from a job's captured collective ops
- * (rankwatch.store.captured): per row its member (which gives communicator,
- * rank, host and world rank), function code (mapped through func_rank into the
- * order of the function names), seq, message size, times and clock error (NULL
- * where the bit of RW_V_* in `valid` is clear) and whether it completed; per host its clock (clock_ok 0: no clock row,
- * every corrected time NULL) and bound. A pass takes the n_sel rows listed in
- * `sel` (rwa_partition's).
- * Writes at most `cap` rows of rwa_group's keys (out_*) and rwa_collectives'
- * inputs (in, in_ok, bound, row_bound_ok, key_ok) and returns how many; RWA_RANGE
- * for a code out of range or more rows than cap, RWA_OVERFLOW where SQL would
- * raise an int64 overflow. */
+ * (rankwatch.store.captured): per row its member (an index into `members`, which
+ * gives communicator, rank, host and world rank), function code (mapped through
+ * func_rank into the order of the function names), seq, message size, times and
+ * clock error (NULL where the bit of RW_V_* in `valid` is clear) and whether it
+ * completed; per host its clock (clock_ok 0: no clock row, every corrected time
+ * NULL). A pass takes the n_sel rows listed in `sel` (rwa_partition's).
+ * Writes at most `cap` rows of rwa_group's keys (out_*) and of the kernels' inputs
+ * (in, in_ok) and returns how many; RWA_RANGE for a code out of range or more rows
+ * than cap, RWA_OVERFLOW where SQL would raise an int64 overflow. A row holds its
+ * member's index, not the member's columns: half the bytes to write and to read back. */
 RWA_EXPORT int64_t rwa_prepare(
     int64_t n, const int32_t *member, const int32_t *func, const int64_t *seq,
     const int64_t *msg, const int64_t *arrival, const int64_t *gpu_start, const int64_t *gpu_end,
-    const int64_t *clock_error, const uint8_t *valid, int64_t n_members, const int64_t *members, int64_t n_funcs,
-    const int64_t *func_rank, int64_t n_hosts, const uint8_t *clock_ok, const double *offset_ns,
-    const double *drift_ppm, const int64_t *t0_ns, const double *bound_ns,
-    const uint8_t *bound_ok, int64_t n_sel, const int32_t *sel, int64_t cap, int64_t *out_comm,
-    int64_t *out_func, int64_t *out_seq, uint8_t *out_seq_ok, int64_t *in, uint8_t *in_ok,
-    double *bound, uint8_t *row_bound_ok, uint8_t *key_ok) {
+    const int64_t *clock_error, const uint8_t *valid, int64_t n_members, const int64_t *members,
+    int64_t n_funcs, const int64_t *func_rank, int64_t n_hosts, const uint8_t *clock_ok,
+    const double *offset_ns, const double *drift_ppm, const int64_t *t0_ns, int64_t n_sel,
+    const int32_t *sel, int64_t cap, int64_t *out_comm, int64_t *out_func, int64_t *out_seq,
+    uint8_t *out_seq_ok, int64_t *in, uint8_t *in_ok) {
   if (n < 0 || n_members < 0 || n_funcs < 0 || n_hosts < 0 || n_sel < 0 || cap < 0)
     return RWA_RANGE;
-  for (int64_t m = 0; m < n_members; m++) {
-    int64_t h = member_col(members, m, RWA_M_HOST);
-    if (h < 0 || h >= n_hosts) return RWA_RANGE;
-  }
+  if (!members_in_range(members, n_members, n_hosts, 0)) return RWA_RANGE;
   int64_t k = 0;
   for (int64_t j = 0; j < n_sel; j++) {
     int64_t i = sel[j];
@@ -516,22 +531,16 @@ RWA_EXPORT int64_t rwa_prepare(
     int64_t m = member[i], f = func[i];
     if (m < 0 || m >= n_members || f < 0 || f >= n_funcs || k >= cap) return RWA_RANGE;
     int64_t h = member_col(members, m, RWA_M_HOST);
-    int64_t comm = member_col(members, m, RWA_M_COMM_KEY);
-    out_comm[k] = comm;
+    out_comm[k] = member_col(members, m, RWA_M_COMM_KEY);
     out_func[k] = func_rank[f];
     out_seq[k] = seq[i];
     out_seq_ok[k] = 1;
-    key_ok[k] = (uint8_t)(comm >= 0);
     int64_t *row = in + k * RWA_IN;
     uint8_t *ok = in_ok + k * RWA_IN;
-    row[RWA_IN_N_RANKS] = member_col(members, m, RWA_M_N_RANKS);
-    ok[RWA_IN_N_RANKS] = (uint8_t)(member_col(members, m, RWA_M_N_RANKS_OK) != 0);
+    row[RWA_IN_MEMBER] = m;
+    ok[RWA_IN_MEMBER] = 1;
     row[RWA_IN_MSG_BYTES] = msg[i];
     ok[RWA_IN_MSG_BYTES] = (uint8_t)((valid[i] & RW_V_MSG) != 0);
-    row[RWA_IN_RANK] = member_col(members, m, RWA_M_RANK);
-    ok[RWA_IN_RANK] = 1;
-    row[RWA_IN_WORLD_RANK] = member_col(members, m, RWA_M_WORLD_RANK);
-    ok[RWA_IN_WORLD_RANK] = (uint8_t)(member_col(members, m, RWA_M_WORLD_OK) != 0);
     const int64_t *times[3] = {arrival, gpu_start, gpu_end};
     const int cols[3] = {RWA_IN_ARRIVAL, RWA_IN_GPU_START, RWA_IN_GPU_END};
     const int bits[3] = {RW_V_ARRIVAL, RW_V_GPU_START, RW_V_GPU_END};
@@ -549,17 +558,10 @@ RWA_EXPORT int64_t rwa_prepare(
     if (both && __builtin_sub_overflow(gpu_end[i], gpu_start[i], &row[RWA_IN_DURATION]))
       return RWA_OVERFLOW;
     ok[RWA_IN_DURATION] = (uint8_t)both;
-    row[RWA_IN_HOST] = h;
-    row[RWA_IN_COMM_ID] = member_col(members, m, RWA_M_COMM_ID);
-    row[RWA_IN_COMM_NAME] = member_col(members, m, RWA_M_COMM_NAME);
-    row[RWA_IN_WORLD_CODE] = member_col(members, m, RWA_M_WORLD_CODE);
     row[RWA_IN_CLOCK_ERROR] = clock_error[i];
-    row[RWA_IN_COMPLETE] = !(valid[i] & RW_V_INCOMPLETE); /* coalesce(complete, true) */
-    for (int c = RWA_IN_HOST; c < RWA_IN; c++) ok[c] = 1;
     ok[RWA_IN_CLOCK_ERROR] = (uint8_t)((valid[i] & RW_V_CLOCK_ERROR) != 0);
-    int has_clock = clock_ok[h] && bound_ok[h];
-    bound[k] = has_clock ? bound_ns[h] : 0.0;
-    row_bound_ok[k] = (uint8_t)has_clock;
+    row[RWA_IN_COMPLETE] = !(valid[i] & RW_V_INCOMPLETE); /* coalesce(complete, true) */
+    ok[RWA_IN_COMPLETE] = 1;
     k++;
   }
   return k;
@@ -584,19 +586,22 @@ enum { OBS_STAMP, OBS_MIN_END, OBS_MAX_START, OBS_HAS_START, OBS_ERR, OBS_COUNT,
  * RWA_OVERFLOW where SQL raises an int64 overflow. */
 RWA_EXPORT int64_t rwa_clock_obs(int64_t n_groups, const int64_t *starts, const int64_t *order,
                                  int64_t n, const int64_t *in, const uint8_t *in_ok,
+                                 int64_t n_members, const int64_t *members,
                                  const int64_t *comm, int64_t n_comm, const uint8_t *multi,
                                  int64_t n_hosts, int64_t *scratch, double *sums,
                                  int64_t t0_ns, int64_t first_id, int64_t cap, int64_t *out_id,
                                  int64_t *out_host, double *out_min_end, double *out_max_start,
                                  uint8_t *out_max_start_ok, double *out_mean_end,
                                  double *out_err) {
-  if (n_groups < 0 || n < 0 || n_comm < 0 || n_hosts < 0 || cap < 0) return RWA_RANGE;
+  if (n_groups < 0 || n < 0 || n_members < 0 || n_comm < 0 || n_hosts < 0 || cap < 0)
+    return RWA_RANGE;
   if (starts[0] != 0 || starts[n_groups] != n) return RWA_RANGE;
+  if (!members_in_range(members, n_members, n_hosts, 0)) return RWA_RANGE;
   int64_t *stamp = scratch + OBS_STAMP * n_hosts, *min_end = scratch + OBS_MIN_END * n_hosts;
   int64_t *max_start = scratch + OBS_MAX_START * n_hosts;
   int64_t *has_start = scratch + OBS_HAS_START * n_hosts, *err = scratch + OBS_ERR * n_hosts;
   int64_t *count = scratch + OBS_COUNT * n_hosts, *seen = scratch + OBS_SEEN * n_hosts;
-  cols_t rows_in = {in, in_ok, n};
+  cols_t rows_in = {in, in_ok, n, members, n_members};
   int64_t k = 0;
   for (int64_t g = 0; g < n_groups; g++) {
     int64_t lo = starts[g], hi = starts[g + 1];
@@ -615,8 +620,8 @@ RWA_EXPORT int64_t rwa_clock_obs(int64_t n_groups, const int64_t *starts, const 
       const int64_t *row = in + i * RWA_IN;
       const uint8_t *ok = in_ok + i * RWA_IN;
       if (!ok[RWA_IN_GPU_END] || !row[RWA_IN_COMPLETE]) continue;
-      int64_t h = row[RWA_IN_HOST];
-      if (h < 0 || h >= n_hosts) return RWA_RANGE;
+      if (row[RWA_IN_MEMBER] < 0 || row[RWA_IN_MEMBER] >= n_members) return RWA_RANGE;
+      int64_t h = mem(&rows_in, i, RWA_M_HOST);
       int64_t end = row[RWA_IN_GPU_END], since;
       if (__builtin_sub_overflow(end, t0_ns, &since)) return RWA_OVERFLOW;
       int start_ok = ok[RWA_IN_GPU_START] || ok[RWA_IN_ARRIVAL];

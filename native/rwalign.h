@@ -15,11 +15,12 @@ extern "C" {
 
 enum { RWA_OK = 0, RWA_RANGE = -2, RWA_OVERFLOW = -3 };
 
-/* Per-row int64 inputs of rwa_collectives, columns of a row-major [n][RWA_IN]. */
+/* Per-row int64 inputs of rwa_collectives and rwa_clock_obs, columns of a row-major
+ * [n][RWA_IN]: 64 bytes a row. What the row's member says (its communicator, rank,
+ * host and world rank) is read from the members table (RWA_M_*) at RWA_IN_MEMBER. */
 enum {
-  RWA_IN_N_RANKS, RWA_IN_MSG_BYTES, RWA_IN_RANK, RWA_IN_WORLD_RANK, RWA_IN_ARRIVAL,
-  RWA_IN_GPU_START, RWA_IN_GPU_END, RWA_IN_DURATION, RWA_IN_HOST, RWA_IN_COMM_ID,
-  RWA_IN_COMM_NAME, RWA_IN_WORLD_CODE, RWA_IN_CLOCK_ERROR, RWA_IN_COMPLETE, RWA_IN
+  RWA_IN_MEMBER, RWA_IN_MSG_BYTES, RWA_IN_ARRIVAL, RWA_IN_GPU_START, RWA_IN_GPU_END,
+  RWA_IN_DURATION, RWA_IN_CLOCK_ERROR, RWA_IN_COMPLETE, RWA_IN
 };
 
 /* Per-collective outputs: int64 columns, then double columns; one validity row
@@ -45,8 +46,8 @@ enum {
   RWA_L_ARRIVAL_VS_MEDIAN_SUM, RWA_L_GPU_VS_MEDIAN_SUM, RWA_L_MAX_BOUND, RWA_LATE_F64
 };
 
-/* rwa_prepare: the columns of a member (one rank of one communicator in one
- * process, as its records' header names it), [n_members][RWA_M] int64. String
+/* The columns of a member (one rank of one communicator in one process, as its
+ * records' header names it) that rwa_prepare reads and the rows it writes point to, [n_members][RWA_M] int64. String
  * columns are codes in the order of their strings, -1 for NULL; RWA_M_HOST is a
  * code in [0, n_hosts); RWA_M_WORLD_CODE in [0, n_world). */
 enum {
@@ -60,18 +61,17 @@ int64_t rwa_prepare(int64_t n, const int32_t *member, const int32_t *func, const
                     const uint8_t *valid, int64_t n_members,
                     const int64_t *members, int64_t n_funcs, const int64_t *func_rank,
                     int64_t n_hosts, const uint8_t *clock_ok, const double *offset_ns,
-                    const double *drift_ppm, const int64_t *t0_ns, const double *bound_ns,
-                    const uint8_t *bound_ok, int64_t n_sel, const int32_t *sel, int64_t cap,
-                    int64_t *out_comm, int64_t *out_func, int64_t *out_seq,
-                    uint8_t *out_seq_ok, int64_t *in, uint8_t *in_ok, double *bound,
-                    uint8_t *row_bound_ok, uint8_t *key_ok);
+                    const double *drift_ppm, const int64_t *t0_ns, int64_t n_sel,
+                    const int32_t *sel, int64_t cap, int64_t *out_comm, int64_t *out_func,
+                    int64_t *out_seq, uint8_t *out_seq_ok, int64_t *in, uint8_t *in_ok);
 int64_t rwa_partition(int64_t n, const int64_t *seq, int64_t passes, int64_t n_buckets,
                       int64_t *buckets, int32_t *sel, int64_t *starts);
 /* rwa_clock_obs: per (collective, host) observations of clock.py's OBS_SQL. */
 enum { RWA_OBS_SCRATCH = 7 };
 int64_t rwa_clock_obs(int64_t n_groups, const int64_t *starts, const int64_t *order, int64_t n,
-                      const int64_t *in, const uint8_t *in_ok, const int64_t *comm,
-                      int64_t n_comm, const uint8_t *multi, int64_t n_hosts,
+                      const int64_t *in, const uint8_t *in_ok, int64_t n_members,
+                      const int64_t *members, const int64_t *comm, int64_t n_comm,
+                      const uint8_t *multi, int64_t n_hosts,
                       int64_t *scratch, double *sums, int64_t t0_ns,
                       int64_t first_id, int64_t cap, int64_t *out_id, int64_t *out_host,
                       double *out_min_end, double *out_max_start, uint8_t *out_max_start_ok,
@@ -94,9 +94,9 @@ int64_t rwa_group(int64_t n, const int64_t *comm, const int64_t *func, const int
                   const uint8_t *seq_ok, int64_t cap, int64_t *table, int64_t *first,
                   int64_t *group, int64_t *order, int64_t *starts);
 int64_t rwa_collectives(int64_t n_groups, const int64_t *starts, const int64_t *order,
-                        int64_t n, const int64_t *in, const uint8_t *in_ok,
-                        const double *bound, const uint8_t *bound_ok,
-                        const uint8_t *key_ok, int64_t n_hosts, int64_t n_world,
+                        int64_t n, const int64_t *in, const uint8_t *in_ok, int64_t n_members,
+                        const int64_t *members, int64_t n_hosts, const double *bound_ns,
+                        const uint8_t *bound_ok, int64_t n_world,
                         int64_t *host_stamp, int64_t *scratch, int64_t *out_i64,
                         double *out_f64, uint8_t *out_ok, int64_t *late_i64,
                         double *late_f64);

@@ -60,21 +60,37 @@ static int one_round(int64_t n) {
   for (int64_t g = 0; g < groups; g++)
     if (starts[g + 1] - starts[g] > biggest) biggest = starts[g + 1] - starts[g];
 
+  /* members: NULL or valid codes, ranks and world ranks like values (ties), a host
+   * or a world code out of range in some bad rounds */
+  int64_t n_members = 1 + pick(8);
+  int64_t *members = NEW(int64_t, RWA_M * n_members);
+  for (int64_t m = 0; m < n_members; m++) {
+    int64_t *row = members + m * RWA_M;
+    for (int c = 0; c < RWA_M; c++) row[c] = value_like();
+    row[RWA_M_COMM_KEY] = code_like(3, 0);
+    row[RWA_M_COMM_ID] = code_like(4, 0);
+    row[RWA_M_COMM_NAME] = code_like(4, 0);
+    row[RWA_M_N_RANKS_OK] = pick(2);
+    row[RWA_M_WORLD_OK] = pick(2);
+    row[RWA_M_HOST] = allow_bad && pick(100) == 0 ? (pick(2) ? -1 : n_hosts) : pick(n_hosts);
+    row[RWA_M_WORLD_CODE] = allow_bad && pick(100) == 0 ? n_world : pick(n_world);
+  }
   int64_t *in = NEW(int64_t, RWA_IN * n);
-  uint8_t *in_ok = NEW(uint8_t, RWA_IN * n), *bound_ok = NEW(uint8_t, n), *key_ok = NEW(uint8_t, n);
-  double *bound = NEW(double, n);
+  uint8_t *in_ok = NEW(uint8_t, RWA_IN * n);
   for (int64_t i = 0; i < n; i++) {
     for (int k = 0; k < RWA_IN; k++) {
       in[i * RWA_IN + k] = value_like();
       in_ok[i * RWA_IN + k] = (uint8_t)(pick(6) != 0);
     }
-    in[i * RWA_IN + RWA_IN_HOST] = code_like(n_hosts, allow_bad);
-    in[i * RWA_IN + RWA_IN_COMM_ID] = code_like(4, 0);
-    in[i * RWA_IN + RWA_IN_COMM_NAME] = code_like(4, 0);
-    in[i * RWA_IN + RWA_IN_WORLD_CODE] = allow_bad && pick(200) == 0 ? n_world : pick(n_world);
-    bound[i] = (double)pick(5);
-    bound_ok[i] = (uint8_t)(pick(5) != 0);
-    key_ok[i] = (uint8_t)(comm[i] >= 0 && func[i] >= 0 && seq_ok[i]);
+    in[i * RWA_IN + RWA_IN_MEMBER] = allow_bad && pick(200) == 0 ? (pick(2) ? -1 : n_members)
+                                                                 : pick(n_members);
+    in_ok[i * RWA_IN + RWA_IN_MEMBER] = 1;
+  }
+  uint8_t *bound_ok = NEW(uint8_t, n_hosts);
+  double *bound = NEW(double, n_hosts);
+  for (int64_t h = 0; h < n_hosts; h++) {
+    bound_ok[h] = (uint8_t)(pick(5) != 0);
+    bound[h] = (double)pick(5);
   }
   int64_t *stamp = NEW(int64_t, n_hosts), *scratch = NEW(int64_t, biggest);
   for (int64_t h = 0; h < n_hosts; h++) stamp[h] = -1;
@@ -84,21 +100,21 @@ static int one_round(int64_t n) {
   int64_t *late_i = NEW(int64_t, RWA_LATE_I64 * n_world);
   double *late_f = NEW(double, RWA_LATE_F64 * n_world);
   for (int64_t w = 0; w < n_world; w++) late_i[RWA_L_HOST * n_world + w] = -1;
-  int64_t got = rwa_collectives(groups, starts, order, n, in, in_ok, bound, bound_ok, key_ok,
-                                n_hosts, n_world, stamp, scratch, out_i, out_f, out_ok, late_i,
-                                late_f);
+  int64_t got = rwa_collectives(groups, starts, order, n, in, in_ok, n_members, members,
+                                n_hosts, bound, bound_ok, n_world, stamp, scratch,
+                                out_i, out_f, out_ok, late_i, late_f);
   good = got == groups || got == RWA_RANGE || got == RWA_OVERFLOW;
   if (!allow_bad && got == RWA_RANGE) good = 0; /* only bad codes are refused */
 
   free(comm), free(func), free(seq), free(seq_ok), free(table), free(first), free(group);
-  free(order), free(starts), free(in), free(in_ok), free(bound_ok), free(key_ok), free(bound);
+  free(order), free(starts), free(in), free(in_ok), free(members), free(bound_ok), free(bound);
   free(stamp), free(scratch), free(out_i), free(out_f), free(out_ok), free(late_i), free(late_f);
   return good;
 }
 
 /* rwa_clock_obs, rwa_clock_pairs and rwa_medians over rows rwa_prepare wrote. */
 static int clock_round(int64_t n, const int64_t *comm, const int64_t *in, const uint8_t *in_ok,
-                       int64_t n_hosts) {
+                       int64_t n_members, const int64_t *members, int64_t n_hosts) {
   int64_t *func = NEW(int64_t, n), *seq = NEW(int64_t, n), *c = NEW(int64_t, n);
   uint8_t *seq_ok = NEW(uint8_t, n);
   int64_t n_comm = 4;
@@ -122,9 +138,9 @@ static int clock_round(int64_t n, const int64_t *comm, const int64_t *in, const 
   double *mean_end = NEW(double, obs_cap), *err = NEW(double, obs_cap);
   uint8_t *max_start_ok = NEW(uint8_t, obs_cap);
   int64_t t0 = value_like();
-  int64_t obs = good ? rwa_clock_obs(groups, starts, order, n, in, in_ok, c, n_comm, multi,
-                                     n_hosts, scratch, sums, t0, 0, obs_cap, id, host, min_end,
-                                     max_start, max_start_ok, mean_end, err)
+  int64_t obs = good ? rwa_clock_obs(groups, starts, order, n, in, in_ok, n_members, members, c,
+                                     n_comm, multi, n_hosts, scratch, sums, t0, 0, obs_cap, id,
+                                     host, min_end, max_start, max_start_ok, mean_end, err)
                      : 0;
   good = good && ((obs >= 0 && obs <= obs_cap) || obs == RWA_RANGE || obs == RWA_OVERFLOW);
   if (good && obs > 0) {
@@ -214,24 +230,19 @@ static int prepare_round(int64_t n) {
   }
   int64_t *func_rank = NEW(int64_t, n_funcs), *t0 = NEW(int64_t, n_hosts);
   double *offset = NEW(double, n_hosts), *drift = NEW(double, n_hosts);
-  double *hbound = NEW(double, n_hosts);
-  uint8_t *clock_ok = NEW(uint8_t, n_hosts), *hbound_ok = NEW(uint8_t, n_hosts);
+  uint8_t *clock_ok = NEW(uint8_t, n_hosts);
   for (int64_t f = 0; f < n_funcs; f++) func_rank[f] = pick(n_funcs);
   const double extreme[4] = {1e30, -1e30, NAN, INFINITY};
   for (int64_t h = 0; h < n_hosts; h++) {
     t0[h] = tame ? pick(1000) : value_like();
     offset[h] = pick(20) == 0 && !tame ? extreme[pick(4)] : (double)pick(1000) - 500.0;
     drift[h] = pick(20) == 0 && !tame ? extreme[pick(4)] : (double)pick(100) / 7.0;
-    hbound[h] = (double)pick(50);
     clock_ok[h] = (uint8_t)(pick(4) != 0);
-    hbound_ok[h] = (uint8_t)(pick(4) != 0);
   }
   int64_t cap = pick(3) == 0 ? pick(n + 1) : n; /* sometimes too small */
   int64_t *comm = NEW(int64_t, cap), *ofunc = NEW(int64_t, cap), *oseq = NEW(int64_t, cap);
   uint8_t *seq_ok = NEW(uint8_t, cap), *in_ok = NEW(uint8_t, RWA_IN * cap);
   int64_t *in = NEW(int64_t, RWA_IN * cap);
-  double *bound = NEW(double, cap);
-  uint8_t *bound_ok = NEW(uint8_t, cap), *key_ok = NEW(uint8_t, cap);
   /* the pass's rows, as rwa_partition lists them; sometimes an index out of range */
   int32_t *sel = NEW(int32_t, n);
   int64_t *starts = NEW(int64_t, passes + 1);
@@ -256,17 +267,15 @@ static int prepare_round(int64_t n) {
   int32_t *mine = sel + starts[pass];
   if (allow_bad && n_sel > 0 && pick(20) == 0) mine[pick(n_sel)] = (int32_t)n;
   int64_t got = rwa_prepare(n, member, func, seq, msg, arr, gs, ge, cerr, valid, n_members, members,
-                            n_funcs, func_rank, n_hosts, clock_ok, offset, drift, t0, hbound,
-                            hbound_ok, n_sel, mine, cap, comm, ofunc, oseq, seq_ok, in, in_ok,
-                            bound, bound_ok, key_ok);
+                            n_funcs, func_rank, n_hosts, clock_ok, offset, drift, t0, n_sel, mine,
+                            cap, comm, ofunc, oseq, seq_ok, in, in_ok);
   good = good && ((got >= 0 && got <= cap) || got == RWA_RANGE || got == RWA_OVERFLOW);
   if (!allow_bad && cap >= n_sel && got == RWA_RANGE) good = 0; /* only bad inputs are refused */
-  if (got >= 0) good = good && clock_round(got, comm, in, in_ok, n_hosts);
+  if (got >= 0) good = good && clock_round(got, comm, in, in_ok, n_members, members, n_hosts);
   free(member), free(func), free(seq), free(msg), free(arr), free(gs), free(ge), free(valid);
   free(cerr), free(sel), free(starts), free(buckets);
-  free(members), free(func_rank), free(t0), free(offset), free(drift), free(hbound);
-  free(clock_ok), free(hbound_ok), free(comm), free(ofunc), free(oseq), free(seq_ok);
-  free(in_ok), free(in), free(bound), free(bound_ok), free(key_ok);
+  free(members), free(func_rank), free(t0), free(offset), free(drift), free(clock_ok);
+  free(comm), free(ofunc), free(oseq), free(seq_ok), free(in_ok), free(in);
   return good;
 }
 

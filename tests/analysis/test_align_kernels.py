@@ -352,7 +352,7 @@ def test_column_orders_match_the_header() -> None:
     def names(first: str, prefix: str) -> tuple[str, ...]:
         return tuple(n.removeprefix(prefix).lower() for n in _enum(header, first)[:-1])
 
-    assert names("RWA_IN_N_RANKS", "RWA_IN_") == tuple(
+    assert names("RWA_IN_MEMBER", "RWA_IN_") == tuple(
         c.removesuffix("_c") for c in kernels.IN_COLUMNS
     )
     assert names("RWA_N_RANKS", "RWA_") == kernels.OUT_I64

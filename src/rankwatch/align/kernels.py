@@ -35,8 +35,7 @@ from rankwatch.store.captured import CollectiveColumns
 LIB_FILENAME = "librankwatch-rwalign.so"
 
 # rwalign.h: per-row inputs, per-collective outputs, per-world-rank accumulators
-IN_COLUMNS = ("n_ranks", "msg_bytes", "rank", "world_rank", "arrival_c", "gpu_start_c",
-              "gpu_end_c", "duration", "host", "comm_id", "comm_name", "world_code",
+IN_COLUMNS = ("member", "msg_bytes", "arrival_c", "gpu_start_c", "gpu_end_c", "duration",
               "clock_error", "complete")  # fmt: skip
 OUT_I64 = ("n_ranks", "n_seen", "hosts", "msg_bytes", "size_mismatch", "first_arrival",
            "last_arrival", "second_last_arrival", "last_rank", "last_world_rank", "last_host",
@@ -57,10 +56,11 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     p, i64 = ctypes.c_void_p, ctypes.c_int64
     sigs = {
         "rwa_group": [i64, p, p, p, p, i64, p, p, p, p, p],
-        "rwa_collectives": [i64, p, p, i64, p, p, p, p, p, i64, i64, *[p] * 7],
-        "rwa_prepare": [i64, *[p] * 9, i64, p, i64, p, i64, *[p] * 6, i64, p, i64, *[p] * 9],
+        "rwa_collectives": [i64, p, p, i64, p, p, i64, p, i64, p, p, i64, *[p] * 7],
+        "rwa_prepare": [i64, *[p] * 9, i64, p, i64, p, i64, *[p] * 4, i64, p, i64, *[p] * 6],
         "rwa_partition": [i64, p, i64, i64, p, p, p],
-        "rwa_clock_obs": [i64, p, p, i64, p, p, p, i64, p, i64, p, p, i64, i64, i64, *[p] * 7],
+        "rwa_clock_obs": [i64, p, p, i64, p, p, i64, p, p, i64, p, i64, p, p, i64, i64, i64,
+                          *[p] * 7],
         "rwa_clock_pairs": [
             ctypes.c_int,
             i64,
@@ -108,7 +108,7 @@ def _p(a: np.ndarray) -> int:
 class Lateness:
     """RANK_LATENESS_SQL's per-world-rank sums, added to by every pass."""
 
-    hosts: list[str]  # every host of the job, sorted: the codes of RWA_IN_HOST
+    hosts: list[str]  # every host of the job, sorted: the members' host codes
     worlds: list[int]  # every world rank of the job, sorted; NULL is code len(worlds)
     i64: np.ndarray = field(init=False)
     f64: np.ndarray = field(init=False)
@@ -247,13 +247,13 @@ class JobTables:
     strings: list[str]  # every kept string, sorted (codes below index this)
     func_rank: np.ndarray  # job-wide string code -> sorted code
     members: np.ndarray  # [n_members][MEMBER_COLUMNS]
-    hosts: list[str]  # sorted; RWA_IN_HOST codes index this
+    hosts: list[str]  # sorted; the members' host codes index this
     clock_ok: np.ndarray
     offset_ns: np.ndarray
     drift_ppm: np.ndarray
     t0_ns: np.ndarray
     bound_ns: np.ndarray
-    bound_ok: np.ndarray
+    bound_ok: np.ndarray  # set only with clock_ok: a bound is a column of a clock row
     worlds: list[int]
 
 
@@ -331,11 +331,8 @@ class PassRows:
     func: np.ndarray
     seq: np.ndarray
     seq_ok: np.ndarray
-    data: np.ndarray  # [n][IN_COLUMNS]
+    data: np.ndarray  # [n][IN_COLUMNS]: a row's member as an index into job.members
     ok: np.ndarray
-    bound: np.ndarray
-    bound_ok: np.ndarray
-    key_ok: np.ndarray
 
     @classmethod
     def empty(cls, rows: int) -> PassRows:
@@ -346,8 +343,6 @@ class PassRows:
             _scratch("seq", rows, np.int64), _scratch("seq_ok", rows, np.uint8),
             _scratch("data", rows * width, np.int64).reshape(rows, width),
             _scratch("ok", rows * width, np.uint8).reshape(rows, width),
-            _scratch("bound", rows, np.float64), _scratch("bound_ok", rows, np.uint8),
-            _scratch("key_ok", rows, np.uint8),
         )  # fmt: skip
 
 
@@ -413,9 +408,8 @@ def _prepare(lib: ctypes.CDLL, kept: CollectiveColumns, job: JobTables, sel: np.
         _p(v["clock_error_ns"]), _p(kept.valid),
         len(job.members), _p(job.members), len(job.func_rank), _p(job.func_rank),
         len(job.hosts), _p(job.clock_ok), _p(job.offset_ns), _p(job.drift_ppm), _p(job.t0_ns),
-        _p(job.bound_ns), _p(job.bound_ok), rows, _p(sel), rows, _p(out.comm), _p(out.func),
-        _p(out.seq), _p(out.seq_ok), _p(out.data), _p(out.ok), _p(out.bound),
-        _p(out.bound_ok), _p(out.key_ok),
+        rows, _p(sel), rows, _p(out.comm), _p(out.func), _p(out.seq), _p(out.seq_ok),
+        _p(out.data), _p(out.ok),
     )  # fmt: skip
     if got != rows:
         raise Declined(f"rwa_prepare returned {got} for {rows} rows")
@@ -467,7 +461,7 @@ def _one_pass(lib: ctypes.CDLL, rows: PassRows, job: JobTables, late: Lateness,
     scratch = np.empty(max(1, biggest), dtype=np.int64)
     got = lib.rwa_collectives(
         n_groups, _p(starts), _p(order), len(rows.seq), _p(rows.data), _p(rows.ok),
-        _p(rows.bound), _p(rows.bound_ok), _p(rows.key_ok), len(job.hosts),
+        len(job.members), _p(job.members), len(job.hosts), _p(job.bound_ns), _p(job.bound_ok),
         len(job.worlds) + 1, _p(stamp), _p(scratch), _p(out_i), _p(out_f), _p(out_ok),
         _p(late.i64), _p(late.f64),
     )  # fmt: skip
@@ -590,7 +584,8 @@ def clock_observations(kept: CollectiveColumns, job: JobTables, t0_ns: int,
         }  # fmt: skip
         got = lib.rwa_clock_obs(
             n_groups, _p(starts), _p(order), len(rows.seq), _p(rows.data), _p(rows.ok),
-            _p(rows.comm), len(multi), _p(multi), n_hosts, _p(scratch), _p(sums), t0_ns,
+            len(job.members), _p(job.members), _p(rows.comm), len(multi), _p(multi), n_hosts,
+            _p(scratch), _p(sums), t0_ns,
             i << PASS_ID_BITS, size, *(_p(out[name]) for name in OBS_FIELDS),
         )  # fmt: skip
         if got < 0:
