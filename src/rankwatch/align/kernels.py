@@ -362,7 +362,8 @@ class Grouping:
     def keys_of(job: JobTables) -> bytes:
         """What rwa_prepare's group keys depend on besides the rows: each member's
         communicator code and the functions' order."""
-        return job.members[:, 0].tobytes() + b"/" + job.func_rank.tobytes()
+        comm_key = job.members[:, MEMBER_COLUMNS.index("comm_key")]
+        return comm_key.tobytes() + b"/" + job.func_rank.tobytes()
 
 
 @dataclass
@@ -585,8 +586,8 @@ def clock_observations(kept: CollectiveColumns, job: JobTables, t0_ns: int,
         got = lib.rwa_clock_obs(
             n_groups, _p(starts), _p(order), len(rows.seq), _p(rows.data), _p(rows.ok),
             len(job.members), _p(job.members), _p(rows.comm), len(multi), _p(multi), n_hosts,
-            _p(scratch), _p(sums), t0_ns,
-            i << PASS_ID_BITS, size, *(_p(out[name]) for name in OBS_FIELDS),
+            _p(scratch), _p(sums), t0_ns, i << PASS_ID_BITS, size,
+            *(_p(out[name]) for name in OBS_FIELDS),
         )  # fmt: skip
         if got < 0:
             raise Declined(f"rwa_clock_obs returned {got}")
