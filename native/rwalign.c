@@ -151,9 +151,13 @@ typedef struct {
  * lie all over the input (one rank's file after another's) */
 static int64_t val(const cols_t *c, int col, int64_t i) { return c->in[i * RWA_IN + col]; }
 static int has(const cols_t *c, int col, int64_t i) { return c->ok[i * RWA_IN + col]; }
+static int64_t member_col(const int64_t *members, int64_t m, int col) {
+  return members[m * RWA_M + col];
+}
+
 /* column `col` (RWA_M_*) of row i's member */
 static int64_t mem(const cols_t *c, int64_t i, int col) {
-  return c->members[c->in[i * RWA_IN + RWA_IN_MEMBER] * RWA_M + col];
+  return member_col(c->members, val(c, RWA_IN_MEMBER, i), col);
 }
 
 /* Whether the members table's codes are in range: hosts in [0, n_hosts), world
@@ -161,7 +165,7 @@ static int64_t mem(const cols_t *c, int64_t i, int col) {
 static int members_in_range(const int64_t *members, int64_t n_members, int64_t n_hosts,
                             int64_t n_world) {
   for (int64_t m = 0; m < n_members; m++) {
-    int64_t h = members[m * RWA_M + RWA_M_HOST], w = members[m * RWA_M + RWA_M_WORLD_CODE];
+    int64_t h = member_col(members, m, RWA_M_HOST), w = member_col(members, m, RWA_M_WORLD_CODE);
     if (h < 0 || h >= n_hosts || (n_world > 0 && (w < 0 || w >= n_world))) return 0;
   }
   return 1;
@@ -496,10 +500,6 @@ static int corrected(int64_t v, int64_t h, const uint8_t *clock_ok, const double
   if (!round_to_i64(offset_ns[h] + drift_ppm[h] * 1e-6 * (double)since, &shift)) return -1;
   if (__builtin_sub_overflow(v, shift, out)) return -1;
   return 1;
-}
-
-static int64_t member_col(const int64_t *members, int64_t m, int col) {
-  return members[m * RWA_M + col];
 }
 
 /* The rows of one pass of rwa_collectives from a job's captured collective ops

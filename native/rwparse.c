@@ -2090,6 +2090,16 @@ static inline uint64_t mix64(uint64_t h) {
   return h;
 }
 
+/* Aggregate a of group g takes value v: the smallest or the largest so far. */
+static void take_aggregate(int64_t *const *agg, uint8_t *agg_valid, int a, int64_t g,
+                           int64_t v) {
+  static const int is_min[RW_A] = {0, 0, 1, 0, 1, 0};
+  int64_t *slot = &agg[a][g];
+  uint8_t bit = (uint8_t)(1u << a);
+  if (!(agg_valid[g] & bit) || (is_min[a] ? v < *slot : v > *slot)) *slot = v;
+  agg_valid[g] |= bit;
+}
+
 static inline void aggregate(const group_columns_t *t, int64_t i, int64_t g,
                              int64_t *const *agg, uint8_t *agg_valid) {
   int64_t v[RW_A];
@@ -2110,14 +2120,8 @@ static inline void aggregate(const group_columns_t *t, int64_t i, int64_t g,
   has[RW_A_FIRST_TIMED_START] = has_start && has_end;
   v[RW_A_LAST_TIMED_END] = end;
   has[RW_A_LAST_TIMED_END] = has_end && has_start;
-  static const int is_min[RW_A] = {0, 0, 1, 0, 1, 0};
-  for (int a = 0; a < RW_A; a++) {
-    if (!has[a]) continue;
-    int64_t *slot = &agg[a][g];
-    uint8_t bit = (uint8_t)(1u << a);
-    if (!(agg_valid[g] & bit) || (is_min[a] ? v[a] < *slot : v[a] > *slot)) *slot = v[a];
-    agg_valid[g] |= bit;
-  }
+  for (int a = 0; a < RW_A; a++)
+    if (has[a]) take_aggregate(agg, agg_valid, a, g, v[a]);
 }
 
 /* 1 when the first `rows` bits of an LSB-first bitmap are all set, 0 when none
@@ -2177,14 +2181,6 @@ static int64_t run_min(const int64_t *x, int64_t lo, int64_t hi) {
   return m;
 }
 
-static void take_aggregate(int64_t *const *agg, uint8_t *agg_valid, int a, int64_t g,
-                           int is_min, int64_t v) {
-  int64_t *slot = &agg[a][g];
-  uint8_t bit = (uint8_t)(1u << a);
-  if (!(agg_valid[g] & bit) || (is_min ? v < *slot : v > *slot)) *slot = v;
-  agg_valid[g] |= bit;
-}
-
 /* Whether every input of aggregate() but the enqueue end (which only stands in for
  * a missing GPU end) has a value in every row of the chunk. */
 static int aggregates_dense(const group_columns_t *t, int64_t rows) {
@@ -2202,14 +2198,13 @@ static void aggregate_run(const group_columns_t *t, int64_t lo, int64_t hi, int6
     for (int64_t i = lo; i < hi; i++) aggregate(t, i, g, agg, agg_valid);
     return;
   }
-  const int64_t *end = t->num[RW_G_GPU_END];
-  take_aggregate(agg, agg_valid, RW_A_N_RANKS, g, 0, run_max(t->num[RW_G_N_RANKS], lo, hi));
-  take_aggregate(agg, agg_valid, RW_A_NNODES, g, 0, run_max(t->num[RW_G_NNODES], lo, hi));
-  take_aggregate(agg, agg_valid, RW_A_FIRST_ARRIVAL, g, 1, run_min(t->num[RW_G_ARRIVAL], lo, hi));
-  take_aggregate(agg, agg_valid, RW_A_LAST_END, g, 0, run_max(end, lo, hi));
-  take_aggregate(agg, agg_valid, RW_A_FIRST_TIMED_START, g, 1,
-                 run_min(t->num[RW_G_GPU_START], lo, hi));
-  take_aggregate(agg, agg_valid, RW_A_LAST_TIMED_END, g, 0, run_max(end, lo, hi));
+  const int64_t *end = t->num[RW_G_GPU_END], *start = t->num[RW_G_GPU_START];
+  take_aggregate(agg, agg_valid, RW_A_N_RANKS, g, run_max(t->num[RW_G_N_RANKS], lo, hi));
+  take_aggregate(agg, agg_valid, RW_A_NNODES, g, run_max(t->num[RW_G_NNODES], lo, hi));
+  take_aggregate(agg, agg_valid, RW_A_FIRST_ARRIVAL, g, run_min(t->num[RW_G_ARRIVAL], lo, hi));
+  take_aggregate(agg, agg_valid, RW_A_LAST_END, g, run_max(end, lo, hi));
+  take_aggregate(agg, agg_valid, RW_A_FIRST_TIMED_START, g, run_min(start, lo, hi));
+  take_aggregate(agg, agg_valid, RW_A_LAST_TIMED_END, g, run_max(end, lo, hi));
 }
 
 int64_t rwp_groups(int64_t rows, const void *const *values, const uint8_t *const *valid,

@@ -25,6 +25,7 @@ PALETTE = qualitative.Dark24
 BAND = "rgba(120, 120, 120, 0.28)"
 TEMPLATE = "plotly_white"
 TRACE_TYPES = ("scatter", "heatmap", "bar")  # what the figures draw
+DELAY_AXIS = "µs after earliest rank"
 
 
 @functools.lru_cache(maxsize=1)
@@ -38,7 +39,6 @@ def template() -> go.layout.Template:
     return go.layout.Template(
         layout=full.layout, data={kind: getattr(full.data, kind) for kind in TRACE_TYPES}
     )
-DELAY_AXIS = "µs after earliest rank"
 
 
 def _quiet_nan(fn: Any, a: np.ndarray, axis: int) -> np.ndarray:
