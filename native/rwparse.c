@@ -443,10 +443,24 @@ static inline int scan_string(rwp_parser *p, const uint8_t **ps, const uint8_t *
   }
 }
 
+/* The n bytes at s (n < 8) as the low bytes of a word, without reading past them. */
+static inline uint64_t tail_word(const uint8_t *s, size_t n) {
+  uint64_t v = 0;
+  memcpy(&v, s, n);
+  return v;
+}
+
+/* A hash of n bytes, a word at a time: a byte at a time (FNV-1a) took about four
+ * cycles a byte, most of reading state files, whose nested values are texts of a
+ * kilobyte interned whole. Only this parser's tables use it. */
 static inline uint32_t hash_bytes(const uint8_t *s, size_t n) {
-  uint32_t h = 2166136261u;
-  for (size_t i = 0; i < n; i++) h = (h ^ s[i]) * 16777619u;
-  return h;
+  uint64_t h = 0x9E3779B97F4A7C15ull ^ n;
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) h = (h ^ load8(s + i)) * 0xFF51AFD7ED558CCDull;
+  if (i < n) h = (h ^ tail_word(s + i, n - i)) * 0xFF51AFD7ED558CCDull;
+  h ^= h >> 32;
+  h *= 0xC4CEB9FE1A85EC53ull;
+  return (uint32_t)(h ^ (h >> 29));
 }
 
 #define PLAIN_BIT (1ull << 63)
@@ -459,7 +473,12 @@ static inline const char *str_at(const rwp_parser *p, int32_t code, size_t *len)
 
 /* A string is plain when its JSON text is its bytes (nothing needed escaping). */
 static int is_plain(const uint8_t *s, size_t n) {
-  for (size_t i = 0; i < n; i++) {
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    uint64_t x = load8(s + i);
+    if (string_stops(x) & ~x) return 0; /* '"', '\\' or a control byte (not >= 0x80) */
+  }
+  for (; i < n; i++) {
     if (s[i] < 0x20 || s[i] == '"' || s[i] == '\\') return 0;
   }
   return 1;
