@@ -13,18 +13,19 @@ rankwatch version (e.g. `git archive <rev> src | tar -x -C /tmp/base`), run as i
 
 Each analysis runs in a fresh child process so its peak RSS (getrusage maxrss:
 resident memory including mapped file pages) is its own, with the glibc malloc
-settings the rankwatch CLI gives its own process (rankwatch.alloc). Prints per path the
-seconds of ingest, align and the report data (summarize), end-to-end records/s,
+settings the rankwatch CLI gives its own process (rankwatch.alloc). Prints per path
+the seconds of ingest, align and the report data (summarize), end-to-end records/s,
 CPU seconds (user + system, all threads: steadier than wall time on a shared
-machine) and peak RSS, then the seconds of `analyze --html`'s report on top (its
-data queries, figures and page: the `+ HTML` column, outside the end-to-end
-figures), then each path's ratios against the first path, then one JSON line per
-size for bench/RESULTS.md. The timed part starts once the analysis's libraries are
-imported: those rankwatch imports up front (DuckDB, NumPy) and those it imports on
-first use (pyarrow, numpy.ma: about 0.06 s on the development VM, `imports_s` in
-the JSON), a cost per process, not per record. DuckDB's memory limit and spill directory
-come from the RANKWATCH_MEMORY_LIMIT / RANKWATCH_SPILL_DIR settings
-(rankwatch.store.engine).
+machine), peak RSS and the share of the machine's CPU time the hypervisor stole
+during the timed part (`steal`, from /proc/stat; n/a off Linux), then the seconds of
+`analyze --html`'s report on top (its data queries, figures and page: the `+ HTML`
+column, outside the end-to-end figures), then each path's ratios against the first
+path, then one JSON line per size for bench/RESULTS.md. The timed part starts once
+the analysis's libraries are imported: those rankwatch imports up front (DuckDB,
+NumPy) and those it imports on first use (pyarrow, numpy.ma: about 0.06 s on the
+development VM, `imports_s` in the JSON), a cost per process, not per record.
+DuckDB's memory limit and spill directory come from the RANKWATCH_MEMORY_LIMIT /
+RANKWATCH_SPILL_DIR settings (rankwatch.store.engine).
 """
 
 from __future__ import annotations
@@ -61,6 +62,26 @@ def _cpu_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+def _cpu_ticks() -> tuple[int, int] | None:
+    """(steal, all) clock ticks of every CPU so far, from /proc/stat (Linux); None
+    elsewhere. Steal is time a virtual machine's CPUs were ready to run but the
+    hypervisor ran something else: on a shared VM it slows the same work by tens
+    of percent, so each run says how much of its window was stolen."""
+    try:
+        with open("/proc/stat") as stat:
+            fields = [int(x) for x in stat.readline().split()[1:9]]
+    except (OSError, ValueError):
+        return None
+    return fields[7], sum(fields)
+
+
+def _steal_pct(before: tuple[int, int] | None, after: tuple[int, int] | None) -> float | None:
+    """Percent of all CPUs' ticks between the two readings that were stolen."""
+    if before is None or after is None or after[1] <= before[1]:
+        return None
+    return 100.0 * (after[0] - before[0]) / (after[1] - before[1])
+
+
 def _peak_rss_mb(children: bool) -> float:
     own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     kids = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss if children else 0
@@ -95,6 +116,7 @@ def phase_analyze(out: str) -> dict[str, Any]:
 
     imports_s = time.perf_counter() - imported
     settings = EngineSettings.from_env()
+    ticks0 = _cpu_ticks()
     cpu0, start = _cpu_s(), time.perf_counter()
     store = ingest([out], progress=False, settings=settings)
     cpu1, ingested = _cpu_s(), time.perf_counter()
@@ -103,6 +125,7 @@ def phase_analyze(out: str) -> dict[str, Any]:
     cpu2, aligned = _cpu_s(), time.perf_counter()
     summary = summarize(run, clock)
     cpu3, done = _cpu_s(), time.perf_counter()
+    steal = _steal_pct(ticks0, _cpu_ticks())
     html = _html_report(run, summary)
     return {
         "records": store.count("ops"),
@@ -116,6 +139,7 @@ def phase_analyze(out: str) -> dict[str, Any]:
         "summary_cpu_s": cpu3 - cpu2,
         "total_cpu_s": cpu3 - cpu0,
         "imports_s": imports_s,
+        "steal_pct": steal,
         **html,
         "memory_limit": settings.memory_limit,
         "problems": len(store.problems),
@@ -156,6 +180,10 @@ def _child(args: list[str], src: Path = SRC, env_extra: dict[str, str] | None = 
     if done.returncode != 0:
         sys.exit(f"{' '.join(args)} failed ({done.returncode}):\n{done.stderr[-3000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _pct(value: float | None) -> str:
+    return f"{value:5.1f}%" if value is not None else "   n/a"
 
 
 def _rate(records: int, seconds: float) -> str:
@@ -200,14 +228,14 @@ def bench(
         )
     print(
         f"  {'path':9s} {'ingest':>8s} {'align':>8s} {'report':>8s} {'total':>8s} "
-        f"{'end to end':>16s} {'CPU s':>7s} {'peak RSS':>9s} {'+ HTML':>8s}"
+        f"{'end to end':>16s} {'CPU s':>7s} {'peak RSS':>9s} {'+ HTML':>8s} {'steal':>6s}"
     )
     for path, r in results.items():
         assert r["records"] == n, f"{path} loaded {r['records']} records, not {n}"
         print(
             f"  {path:9s} {r['ingest_s']:7.1f}s {r['align_s']:7.1f}s {r['summary_s']:7.1f}s "
             f"{r['total_s']:7.1f}s {_rate(n, r['total_s'])} {r['total_cpu_s']:7.1f} "
-            f"{r['peak_rss_mb']:7,.0f}MB {r['html_s']:7.1f}s"
+            f"{r['peak_rss_mb']:7,.0f}MB {r['html_s']:7.1f}s {_pct(r.get('steal_pct'))}"
         )
     first, base = next(iter(results.items()))
     for path, r in list(results.items())[1:]:
