@@ -937,3 +937,36 @@ def test_files_of_spilled_rows_go_with_their_connection(sim, tmp_path: Path) -> 
     del store
     gc.collect()
     assert not directory.exists()
+
+
+def test_string_dictionary_holds_each_text_once() -> None:
+    """Strings and raw texts of every length around a word's (the hash reads words,
+    the last one masked), plain and escaped, repeated in any order and past the
+    table's growth: each distinct text gets one code, and every row's code is its
+    own text's. A hash that differed between interning and the table's regrowth,
+    or read bytes past a text's end, would give a text two codes or the wrong one."""
+    rng = random.Random(11)
+    alphabet = 'ab\u00e9\u20ac"\\\t/'
+    texts = [""] + ["".join(rng.choice(alphabet) for _ in range(n % 41)) for n in range(700)]
+    raws = [json.dumps({"k": "x" * n, "v": list(range(n % 7))}) for n in range(0, 300, 3)]
+    rows = [(rng.choice(texts), rng.choice(raws)) for _ in range(5000)]
+    data = "".join(json.dumps({"s": s, "r": json.loads(r)}) + "\n" for s, r in rows).encode()
+    shape = native.Layout(
+        b"field . s s 0\nfield . r r 1\n",
+        {},
+        (native.Column(".", "s", "s", 0), native.Column(".", "r", "r", 1)),
+        ("s", "r"),
+    )
+    buf = np.frombuffer(data, dtype=np.uint8)
+    with native.Parser(shape) as parser:
+        chunk = parser.bind_chunk(len(rows))
+        assert parser.parse(buf.ctypes.data, len(buf)) == len(buf)
+        assert parser.rows() == len(rows)
+        strings = parser.strings()
+    assert len(strings) == len(set(strings))
+    raw_texts = [r for _, r in rows]  # as the line has them (json.dumps' separators)
+    assert set(strings) == {s for s, _ in rows} | set(raw_texts)
+    s_codes, r_codes = chunk.values[0], chunk.values[1]
+    assert s_codes is not None and r_codes is not None
+    assert [strings[c] for c in s_codes[: len(rows)]] == [s for s, _ in rows]
+    assert [strings[c] for c in r_codes[: len(rows)]] == raw_texts
