@@ -185,6 +185,21 @@ static void prefetch_row(const cols_t *c, int64_t i) {
   __builtin_prefetch(ok + RWA_IN - 1);
 }
 
+/* Ask for the row PREFETCH_ROWS after rows[j] in `rows` (which has `limit` entries
+ * from rows[0]), when there is one and it is in range (rows are checked only when
+ * visited). */
+static void prefetch_ahead(const cols_t *c, const int64_t *rows, int64_t j, int64_t limit) {
+  if (j + PREFETCH_ROWS >= limit) return;
+  int64_t next = rows[j + PREFETCH_ROWS];
+  if (next >= 0 && next < c->n) prefetch_row(c, next);
+}
+
+/* Whether row i's member index is inside the members table. */
+static int member_ok(const cols_t *c, int64_t i) {
+  int64_t m = val(c, RWA_IN_MEMBER, i);
+  return m >= 0 && m < c->n_members;
+}
+
 /* The smallest and largest of a nullable column so far. */
 static void take_range(opt_t *lo, opt_t *hi, const cols_t *c, int col, int64_t i) {
   if (!has(c, col, i)) return;
@@ -321,15 +336,10 @@ static int64_t one_group(const ctx_t *x, const cols_t *c, out_t *o, int64_t g,
   double top = 0.0;
   for (int64_t j = 0; j < m; j++) {
     int64_t i = rows[j];
-    if (j + PREFETCH_ROWS < ahead) {
-      int64_t next = rows[j + PREFETCH_ROWS];
-      if (next >= 0 && next < c->n) prefetch_row(c, next);
-    }
+    prefetch_ahead(c, rows, j, ahead);
     /* each row is checked on its first visit, before any array is indexed by it (the
      * members' codes were checked before) */
-    if (i < 0 || i >= c->n) return RWA_RANGE;
-    int64_t member = val(c, RWA_IN_MEMBER, i);
-    if (member < 0 || member >= c->n_members) return RWA_RANGE;
+    if (i < 0 || i >= c->n || !member_ok(c, i)) return RWA_RANGE;
     if (mem(c, i, RWA_M_N_RANKS_OK)) take_max(&n_ranks, mem(c, i, RWA_M_N_RANKS));
     take_range(&msg_min, &msg_max, c, RWA_IN_MSG_BYTES, i);
     take_range(&arr_min, &arr_max, c, RWA_IN_ARRIVAL, i);
@@ -615,12 +625,11 @@ RWA_EXPORT int64_t rwa_clock_obs(int64_t n_groups, const int64_t *starts, const 
     for (int64_t j = lo; j < hi; j++) {
       int64_t i = order[j];
       if (i < 0 || i >= n) return RWA_RANGE;
-      if (j + PREFETCH_ROWS < n && order[j + PREFETCH_ROWS] >= 0 && order[j + PREFETCH_ROWS] < n)
-        prefetch_row(&rows_in, order[j + PREFETCH_ROWS]);
+      prefetch_ahead(&rows_in, order, j, n);
       const int64_t *row = in + i * RWA_IN;
       const uint8_t *ok = in_ok + i * RWA_IN;
       if (!ok[RWA_IN_GPU_END] || !row[RWA_IN_COMPLETE]) continue;
-      if (row[RWA_IN_MEMBER] < 0 || row[RWA_IN_MEMBER] >= n_members) return RWA_RANGE;
+      if (!member_ok(&rows_in, i)) return RWA_RANGE;
       int64_t h = mem(&rows_in, i, RWA_M_HOST);
       int64_t end = row[RWA_IN_GPU_END], since;
       if (__builtin_sub_overflow(end, t0_ns, &since)) return RWA_OVERFLOW;

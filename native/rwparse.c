@@ -451,8 +451,8 @@ static inline uint64_t tail_word(const uint8_t *s, size_t n) {
 }
 
 /* A hash of n bytes, a word at a time: a byte at a time (FNV-1a) took about four
- * cycles a byte, most of reading state files, whose nested values are texts of a
- * kilobyte interned whole. Only this parser's tables use it. */
+ * cycles a byte, a quarter of reading state files, whose nested values are texts of
+ * a kilobyte interned whole. Only this parser's tables use it. */
 static inline uint32_t hash_bytes(const uint8_t *s, size_t n) {
   uint64_t h = 0x9E3779B97F4A7C15ull ^ n;
   size_t i = 0;
@@ -1999,7 +1999,6 @@ int64_t rwn_node(const rwn_reader *r, int i, const uint8_t **valid, const void *
 }
 
 /* ------------------------------------------------------------------ capture */
-
 
 /* The collective rows of one chunk of the native reader (rankwatch.store.captured):
  * `values` and `valid` hold the chunk's columns named by RW_C_* (int32 string codes,

@@ -259,7 +259,6 @@ def test_units_take_small_plain_files_by_path_up_to_their_limits(
 
 
 @needs_library
-@needs_library
 def test_values_a_file_repeats_then_changes_are_read_as_duckdb_reads_them(
     sim, tmp_path: Path
 ) -> None:
@@ -295,6 +294,7 @@ def test_values_a_file_repeats_then_changes_are_read_as_duckdb_reads_them(
     assert fast.con.execute(hosts).fetchall() == [("sim-node000", 60), ("sim-node009", 180)]
 
 
+@needs_library
 @pytest.mark.parametrize("mapped", [True, False])
 def test_small_files_read_as_units_give_the_same_tables_and_rows_in_file_order(
     sim, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mapped: bool
@@ -939,6 +939,7 @@ def test_files_of_spilled_rows_go_with_their_connection(sim, tmp_path: Path) -> 
     assert not directory.exists()
 
 
+@needs_library
 def test_string_dictionary_holds_each_text_once() -> None:
     """Strings and raw texts of every length around a word's (the hash reads words,
     the last one masked), plain and escaped, repeated in any order and past the

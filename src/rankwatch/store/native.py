@@ -654,6 +654,12 @@ def _gzip_blocks(path: str) -> Iterator[tuple[int, int, int, list[int]]]:
             del view
 
 
+def count_newlines(buf: np.ndarray) -> int:
+    """How many newline bytes a uint8 buffer holds (a few times faster than
+    bytes.count, which tests one byte at a time)."""
+    return int(np.count_nonzero(buf == ord("\n")))
+
+
 class _Mapped:
     """A plain file mapped read-only; pages already parsed are dropped from this
     process's resident set as parsing moves on (the page cache keeps them). A small
@@ -691,7 +697,7 @@ class _Mapped:
 
     def newlines(self) -> int:
         """How many newlines the file has."""
-        return 0 if self._view is None else int(np.count_nonzero(self._view == ord("\n")))
+        return 0 if self._view is None else count_newlines(self._view)
 
     def __exit__(self, *exc: object) -> None:
         self._view = None
@@ -711,7 +717,7 @@ class _Decompressed:
         self.addr = np.frombuffer(self._data, dtype=np.uint8).ctypes.data if self.size else 0
 
     def newlines(self) -> int:
-        return self._data.count(b"\n")
+        return count_newlines(np.frombuffer(self._data, dtype=np.uint8))
 
 
 # ---------------------------------------------------------------------- arrow

@@ -259,8 +259,7 @@ class StateReader:
             if data is None:
                 continue
             buf = np.frombuffer(data, dtype=np.uint8)
-            # rows it can have at most (NumPy counts a few times faster than bytes.count)
-            need = int(np.count_nonzero(buf == ord("\n"))) + 1
+            need = native.count_newlines(buf) + 1  # rows it can have at most
             if chunk is None or self.reader.rows() + need > self.reader.capacity:
                 if chunk is not None:
                     batches += self._finish(chunk, parts)
