@@ -9,8 +9,9 @@ respect before claiming an arrival order across hosts.
 
 from __future__ import annotations
 
-from rankwatch.align.clock import ClockEstimate, HostClock, estimate_clocks
-from rankwatch.align.collectives import align_collectives
+from rankwatch.align import groups
+from rankwatch.align.clock import ClockEstimate, HostClock, estimate_clocks, observe
+from rankwatch.align.collectives import finish_collectives, start_collectives
 from rankwatch.align.p2p import align_p2p
 from rankwatch.align.ranks import map_ranks
 from rankwatch.model import Run
@@ -19,9 +20,16 @@ __all__ = ["ClockEstimate", "HostClock", "align", "estimate_clocks"]
 
 
 def align(run: Run) -> ClockEstimate:
-    """Map ranks, estimate host clocks, and align collectives and P2P ops."""
-    map_ranks(run)
-    clock = estimate_clocks(run)
-    align_collectives(run)
+    """Map ranks, estimate host clocks, and align collectives and P2P ops.
+
+    The compiled kernels (kernels.py) run on threads of their own while SQL that
+    does not need their results runs here: the clock's observations while ranks are
+    mapped, the collectives while the P2P ops are aligned."""
+    groups.make(run)
+    observing = observe(run)
+    map_ranks(run, recount=False)
+    clock = estimate_clocks(run, observing)
+    aligning = start_collectives(run)
     align_p2p(run)
+    finish_collectives(run, aligning)
     return clock

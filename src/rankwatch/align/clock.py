@@ -38,6 +38,7 @@ estimates agree but for the order in which doubles are summed (tests compare).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -45,6 +46,7 @@ import numpy as np
 
 from rankwatch.align import groups
 from rankwatch.model import Run
+from rankwatch.store import background
 from rankwatch.store.load import insert_tuples
 
 MAX_ALL_PAIRS_HOSTS = 32  # above this, only ring + star pairs are used
@@ -384,26 +386,67 @@ def _detrended_sql(run: Run, drift: dict, slope_err: dict) -> list[tuple]:
     return run.con.execute(DETRENDED_SQL).fetchall()
 
 
-def _native_pairs(run: Run, hosts: list[str], ref: str, t0: int, width: float) -> Any:
-    """kernels.ClockPairs from the collective columns the native reader kept, or None
-    (no usable columns, or a kernel declined): the SQL form runs instead."""
+@dataclass
+class Observing:
+    """What estimate_clocks reads of op_groups (the hosts, the span of GPU-timed
+    collectives), and the compiled kernels' observations (step 1) computing on
+    threads of their own meanwhile: `observations()` waits for them (None: no
+    usable kept columns, or a kernel declined; the SQL form runs then). align()
+    starts them before it maps ranks, whose SQL runs on one core: at 1 M ops the
+    two overlap for about 40 ms."""
+
+    hosts: list[str]
+    span: tuple[int, int] | None
+    observations: Callable[[], Any] = lambda: None
+
+    @property
+    def t0_ns(self) -> int:
+        """The middle of the span (0 without one)."""
+        return (self.span[0] + self.span[1]) // 2 if self.span else 0
+
+
+def observe(run: Run) -> Observing:
+    """Read the hosts and span (op_groups made) and start the compiled observations
+    where they apply (nothing to align on one host or without a span)."""
     from rankwatch.align import kernels
 
+    obs = Observing(_hosts(run), _span(run))
     kept = kernels.usable_kept(run)
-    if kept is None:
+    if len(obs.hosts) <= 1 or obs.span is None or kept is None:
+        return obs
+    # raw host times (clocks=False), and no world ranks: an observation has none
+    job = kernels.job_tables(run.con, kept, clocks=False, ranks=False)
+    t0, passes = obs.t0_ns, kernels.passes(kept.rows)
+
+    def compute() -> Any:
+        try:
+            return kernels.clock_observations(kept, job, t0, passes)
+        except kernels.Declined:
+            return None
+
+    obs.observations = background.start(compute)
+    return obs
+
+
+def _native_pairs(observing: Observing, hosts: list[str], ref: str, width: float) -> Any:
+    """kernels.ClockPairs from the compiled observations, or None (none, or a kernel
+    declined): the SQL form runs instead."""
+    from rankwatch.align import kernels
+
+    obs = observing.observations()
+    if obs is None:
         return None
     try:
-        job = kernels.job_tables(run.con, kept, clocks=False)
-        obs = kernels.clock_observations(kept, job, t0, kernels.passes(kept.rows))
         return kernels.ClockPairs(obs, _allowed_pairs(hosts, ref), width)
     except kernels.Declined:
         return None
 
 
-def _pair_rows(run: Run, hosts: list[str], ref: str, t0: int, width: float):
+def _pair_rows(run: Run, observing: Observing, ref: str, t0: int, width: float):
     """BUCKET_SQL's rows, and a function giving DETRENDED_SQL's from drift and slope
     errors: from the compiled kernels where they apply, else from SQL."""
-    native = _native_pairs(run, hosts, ref, t0, width)
+    hosts = observing.hosts
+    native = _native_pairs(observing, hosts, ref, width)
     if native is not None:
         return native.bucket_rows(), native.detrended_rows
     run.con.execute(OBS_SQL, [t0, t0, t0])
@@ -530,19 +573,20 @@ def _trivial(run: Run, hosts: list[str], span: tuple[int, int] | None) -> ClockE
     )
 
 
-def estimate_clocks(run: Run) -> ClockEstimate:
+def estimate_clocks(run: Run, observing: Observing | None = None) -> ClockEstimate:
     """Estimate every host's clock offset and drift against a reference host (see module
-    doc), store them in table host_clock, and return them."""
-    hosts = _hosts(run)
-    span = _span(run)
+    doc), store them in table host_clock, and return them. observing: observe(run)'s,
+    started earlier (default: now)."""
+    observing = observing or observe(run)
+    hosts, span = observing.hosts, observing.span
     if len(hosts) <= 1 or span is None:
         est = _trivial(run, hosts, span)
         _save(run, est)
         return est
     ref = _reference(run, hosts)
-    t0 = (span[0] + span[1]) // 2
+    t0 = observing.t0_ns
     width = max((span[1] - span[0]) / BUCKETS, 2e8)
-    bucket_rows, detrended = _pair_rows(run, hosts, ref, t0, width)
+    bucket_rows, detrended = _pair_rows(run, observing, ref, t0, width)
     drift, slope_err = _drifts(hosts, ref, bucket_rows)
     rows = detrended(drift, slope_err)
     estimate, intervals, consistent = _offsets(rows, hosts, ref)

@@ -34,9 +34,14 @@ the ops table's collective rows; the SQL everywhere else.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
 from rankwatch.align import groups, kernels
 from rankwatch.align.clock import correction_sql
 from rankwatch.model import Run
+from rankwatch.store import background
 
 
 def aligned_sql(view: str, source: str, temp: bool = False) -> str:
@@ -275,36 +280,55 @@ def _cast_select(types: tuple[tuple[str, str], ...]) -> str:
     return ", ".join(f'CAST("{name}" AS {sql_type}) AS "{name}"' for name, sql_type in types)
 
 
-def _collectives_native(run: Run) -> kernels.Lateness | None:
-    """Create collectives with the compiled kernels (kernels.py) from the kept
-    columns, in passes as the SQL form; returns the rank lateness sums, or None when
-    there are no usable kept columns or a kernel declines (nothing is left created
-    then: the caller runs the SQL form)."""
+@dataclass
+class Aligning:
+    """align_collectives begun (start_collectives): the views made, and the compiled
+    kernels' rows and lateness computing on threads of their own (`native` waits for
+    them; None there or from it: the SQL form runs). Meanwhile align() aligns the P2P
+    ops, whose SQL runs on one core: at 1 M ops that overlaps about 20 ms."""
+
+    native: Callable[[], tuple[Any, kernels.Lateness] | None] | None = None
+
+
+def _start_native(run: Run) -> Callable[[], tuple[Any, kernels.Lateness] | None] | None:
+    """Start the compiled kernels (kernels.py) over the kept columns, in passes as
+    the SQL form; None when there are no usable kept columns. The call returned waits
+    for the `joined` rows (an Arrow table) and the rank lateness sums, or None when a
+    kernel declined (nothing is left created then: the caller runs the SQL form)."""
     import pyarrow as pa
 
     kept = kernels.usable_kept(run, release=True)
     if kept is None:
         return None
-    con = run.con
-    casts = _cast_select(JOINED_TYPES)
     try:
-        job = kernels.job_tables(con, kept)
-        late = kernels.Lateness(job.hosts, job.worlds)
-        passes = kernels.passes(kept.rows)
-        # one row per collective, a few per thousand ops: the passes' rows are joined
-        # and written in one statement (one per pass cost 25 to 60 ms each)
-        joined = pa.concat_tables(kernels.collectives_from_kept(kept, job, passes, late))
+        job = kernels.job_tables(run.con, kept)
     except kernels.Declined:
         return None
+    late = kernels.Lateness(job.hosts, job.worlds)
+    passes = kernels.passes(kept.rows)
+
+    def compute() -> tuple[Any, kernels.Lateness] | None:
+        try:
+            # one row per collective, a few per thousand ops: the passes' rows are
+            # joined and written in one statement (one per pass cost 25 to 60 ms each)
+            return pa.concat_tables(kernels.collectives_from_kept(kept, job, passes, late)), late
+        except kernels.Declined:
+            return None
+
+    return background.start(compute)
+
+
+def _collectives_native(run: Run, joined: Any) -> None:
+    """Create collectives from the kernels' `joined` rows."""
+    con = run.con
     con.register("rankwatch_joined", joined)
     try:
         con.execute(
             "CREATE OR REPLACE TABLE collectives AS "
-            f"WITH joined AS (SELECT {casts} FROM rankwatch_joined){TAIL}"
+            f"WITH joined AS (SELECT {_cast_select(JOINED_TYPES)} FROM rankwatch_joined){TAIL}"
         )
     finally:
         con.unregister("rankwatch_joined")
-    return late
 
 
 def _rank_lateness_native(run: Run, late: kernels.Lateness) -> None:
@@ -321,12 +345,23 @@ def _rank_lateness_native(run: Run, late: kernels.Lateness) -> None:
         run.con.unregister("rankwatch_lateness")
 
 
-def align_collectives(run: Run) -> None:
-    """Create ops_aligned, collectives, collective_ranks and rank_lateness."""
+def start_collectives(run: Run) -> Aligning:
+    """Create ops_aligned (host_clock and rank_map made) and start the compiled
+    kernels; finish_collectives makes the rest."""
     run.con.execute(OPS_ALIGNED_SQL)
     run.con.execute(COLLECTIVE_OPS_SQL)  # internal: read by COLLECTIVES_QUERY only
-    late = _collectives_native(run)
-    if late is None:
+    return Aligning(_start_native(run))
+
+
+def finish_collectives(run: Run, aligning: Aligning) -> None:
+    """Create collectives, collective_ranks and rank_lateness: from the compiled
+    kernels' results where they have some, else with SQL."""
+    native = aligning.native() if aligning.native is not None else None
+    late = None
+    if native is not None:
+        joined, late = native
+        _collectives_native(run, joined)
+    else:
         _collectives(run)
     run.tables["ops_aligned"] = "ops_aligned"
     run.tables["collectives"] = "collectives"
@@ -337,3 +372,8 @@ def align_collectives(run: Run) -> None:
     else:
         _rank_lateness_native(run, late)
     run.tables["rank_lateness"] = "rank_lateness"
+
+
+def align_collectives(run: Run) -> None:
+    """Create ops_aligned, collectives, collective_ranks and rank_lateness."""
+    finish_collectives(run, start_collectives(run))

@@ -123,10 +123,12 @@ def world_comm(run: Run) -> str | None:
     return rows[0][0] if rows else None
 
 
-def map_ranks(run: Run) -> str | None:
-    """Create communicators, processes and rank_map; returns the world comm_key."""
+def map_ranks(run: Run, recount: bool = True) -> str | None:
+    """Create communicators, processes and rank_map; returns the world comm_key.
+    recount=False: op_groups as it is (made since ops last changed)."""
     con = run.con
-    groups.make(run)
+    if recount or groups.TABLE not in run.tables:
+        groups.make(run)
     con.execute(COMMUNICATORS_SQL)
     con.execute(MEMBERS_SQL)
     world = world_comm(run)
