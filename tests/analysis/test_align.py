@@ -8,6 +8,7 @@ import pytest
 from analysis_support import inspector_coll, inspector_p2p, truth, write_lines
 
 from rankwatch.align import align
+from rankwatch.align.p2p import P2P_PAIRS_TYPES
 from rankwatch.store import ingest
 
 
@@ -119,6 +120,20 @@ def test_sends_meet_their_receives(sim) -> None:
     assert run.meta["p2p_unmatched"] == 0
     pairs = rows(run, "SELECT * FROM p2p_pairs LIMIT 50")
     assert all(p["transfer_ns"] > 0 and p["sender"] != p["receiver"] for p in pairs)
+
+
+def test_a_job_without_p2p_ops_gets_the_pairs_table_the_sql_would_make(sim, tmp_path) -> None:
+    # Given a job with sends and receives, and one of collectives only
+    run, _ = aligned(sim("plain"))
+    write_lines(tmp_path / "example-hostname-pid1.log", [inspector_coll(0, sn) for sn in range(3)])
+    bare, _ = aligned(tmp_path)
+    # Then the job without P2P ops has an empty p2p_pairs of the SQL form's columns and
+    # types (spelled out in P2P_PAIRS_TYPES), and nothing unmatched
+    described = [(name, kind) for name, kind, *_ in run.sql("DESCRIBE p2p_pairs").fetchall()]
+    assert run.count("p2p_pairs") > 0
+    assert described == list(P2P_PAIRS_TYPES)
+    assert bare.sql("DESCRIBE p2p_pairs").fetchall() == run.sql("DESCRIBE p2p_pairs").fetchall()
+    assert bare.count("p2p_pairs") == 0 and bare.meta["p2p_unmatched"] == 0
 
 
 def test_inspector_records_align_too(tmp_path) -> None:
