@@ -54,6 +54,7 @@ from rankwatch.store.tables import OP_COLUMNS, OP_GROUP_FIELDS, op_json_columns
 LIB_FILENAME = "librankwatch-rwparse.so"
 FIT_SLACK = 1.25  # a chunk whose buffers exceed its rows by more is copied to fit
 CHUNK_ROWS = 1 << 15  # rows per Arrow batch: about 12 MB of column buffers
+SLAB_BYTES = 1 << 25  # an op reader's held buffers are cut from slabs this large (Slabs)
 MIN_FIRST_ROWS = 256  # ... and at least this many in a file's first (see Reader._first_rows)
 SMALL_RECORD_BYTES = 256  # an op record is about 1.2 KB; shorter ones exist (few fields)
 READ_WHOLE_BYTES = 1 << 22  # plain files up to this size are read, larger ones mapped
@@ -252,35 +253,96 @@ def p2p_slots(shape: Layout) -> dict[str, int]:
 
 @dataclass
 class Chunk:
-    """Buffers of one chunk, as the library fills them."""
+    """Buffers of one chunk, as the library fills them. `take`, where set, gives the
+    zeroed memory to_arrow's narrower copies go to (an op reader's Slabs)."""
 
     rows: int
     values: list[np.ndarray | None]
     valid: list[np.ndarray]
+    take: Callable[[int], np.ndarray] | None = None
 
 
 def _bitmap(rows: int) -> np.ndarray:
     return np.zeros((rows + 7) // 8, dtype=np.uint8)
 
 
-def _new_chunk(layout: Layout, rows: int) -> Chunk:
+def _zeroed(nbytes: int) -> np.ndarray:
+    return np.zeros(nbytes, dtype=np.uint8)
+
+
+def _new_chunk(
+    layout: Layout,
+    rows: int,
+    take: Callable[[int], np.ndarray] = _zeroed,
+    scratch: Callable[[int, int], np.ndarray] | None = None,
+) -> Chunk:
+    """Buffers for `rows` rows, zeroed (bitmaps, string codes) or not (numbers):
+    from `take` (nbytes -> zeroed uint8), but the columns to_arrow copies into
+    narrower ones (NARROW) from `scratch` (slot, nbytes -> uint8) where given:
+    memory used again for each chunk, as nothing keeps those buffers."""
     values: list[np.ndarray | None] = []
-    for code in layout.slot_codes:
-        if code in "in":
-            values.append(np.empty(rows, dtype=np.int64))
+    for slot, code in enumerate(layout.slot_codes):
+        if code in NARROW and scratch is not None:
+            width = 8 if code == "n" else 4
+            buf = scratch(slot, rows * width).view(np.int64 if code == "n" else np.int32)
+            if code == "s":
+                buf[:] = 0  # see below
+            values.append(buf)
+        elif code in "in":
+            values.append(take(rows * 8).view(np.int64))
         elif code == "f":
-            values.append(np.empty(rows, dtype=np.float64))
+            values.append(take(rows * 8).view(np.float64))
         elif code in "sr":
             # a NULL string keeps its code slot as allocated: zeroed, it is a valid
             # index; Arrow reads even those slots when it combines or unifies
             # dictionaries (the joined batches below, store.held), and crashed on
             # an index out of range
-            values.append(np.zeros(rows, dtype=np.int32))
+            values.append(take(rows * 4).view(np.int32))
         elif code == "b":
-            values.append(_bitmap(rows))
+            values.append(take((rows + 7) // 8))
         else:
             values.append(None)
-    return Chunk(0, values, [_bitmap(rows) for _ in layout.slot_codes])
+    valid = [take((rows + 7) // 8) for _ in layout.slot_codes]
+    return Chunk(0, values, valid, None if scratch is None else take)
+
+
+class Slabs:
+    """Zeroed memory for the buffers an op reader's batches keep, cut from slabs of
+    SLAB_BYTES mapped anonymously, with transparent huge pages asked for where the
+    kernel has them (madvise MADV_HUGEPAGE). The batches are held for the whole
+    analysis (store.held): in separate NumPy arrays of a chunk's size each, a 4 KiB
+    page fault came with every 4 KiB they fill (at 1 M op records, 40,000 faults,
+    about 0.1 CPU s with the kernel's zeroing); a 2 MiB page takes one. A slab is
+    unmapped once no buffer cut from it is referenced. Not thread-safe: one per
+    reader."""
+
+    def __init__(self, slab_bytes: int = SLAB_BYTES) -> None:
+        self.slab_bytes = slab_bytes
+        self._slab: np.ndarray | None = None
+        self._used = 0
+
+    def take(self, nbytes: int) -> np.ndarray:
+        """`nbytes` zeroed bytes, 64-byte aligned (Arrow's alignment)."""
+        size = -(-max(nbytes, 1) // 64) * 64
+        if size > self.slab_bytes // 4:  # a large one alone: no slab's tail wasted
+            return _zeroed(nbytes)
+        if self._slab is None or self._used + size > len(self._slab):
+            self._slab, self._used = _anonymous(self.slab_bytes), 0
+        out = self._slab[self._used : self._used + nbytes]
+        self._used += size
+        return out
+
+
+def _anonymous(nbytes: int) -> np.ndarray:
+    """`nbytes` of fresh zeroed memory of a private mapping of its own, huge pages
+    asked for (a shared one, mmap's default, is shared memory: no huge pages)."""
+    if not hasattr(mmap, "MAP_PRIVATE") or not hasattr(mmap, "MAP_ANONYMOUS"):
+        return _zeroed(nbytes)
+    region = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    if hasattr(mmap, "MADV_HUGEPAGE"):
+        with contextlib.suppress(OSError):  # a kernel without them: small pages
+            region.madvise(mmap.MADV_HUGEPAGE)
+    return np.frombuffer(region, dtype=np.uint8)
 
 
 def all_set(bits: np.ndarray, rows: int) -> bool:
@@ -413,9 +475,12 @@ class Parser:
         """Rows in the bound chunk."""
         return int(self._lib.rwp_rows(self._p))
 
+    def _new_chunk(self, rows: int) -> Chunk:
+        return _new_chunk(self.layout, rows)
+
     def bind_chunk(self, rows: int) -> Chunk:
         """New buffers for `rows` rows, bound: the next rows parsed go there."""
-        chunk = _new_chunk(self.layout, rows)
+        chunk = self._new_chunk(rows)
         void_pp = ctypes.c_void_p * self.layout.slots
         values = void_pp(*[(v.ctypes.data if v is not None else None) for v in chunk.values])
         valid = void_pp(*[v.ctypes.data for v in chunk.valid])
@@ -445,6 +510,20 @@ class Reader(Parser):
         self._seen_bytes = self._seen_rows = 0  # of the plain files read (record size)
         self._kind = column_for(layout, "kind")
         self._checks = self._key_checks()
+        self._slabs = Slabs()
+        self._scratch: dict[int, np.ndarray] = {}
+
+    def _new_chunk(self, rows: int) -> Chunk:
+        """Buffers the batches keep from this reader's slabs; the ones to_arrow
+        narrows from its scratch, used again by the next chunk (which is bound only
+        once the batch of this one is made: see _file_batches, _unit_batch)."""
+        return _new_chunk(self.layout, rows, self._slabs.take, self._scratch_for)
+
+    def _scratch_for(self, slot: int, nbytes: int) -> np.ndarray:
+        have = self._scratch.get(slot)
+        if have is None or len(have) < nbytes:
+            have = self._scratch[slot] = np.empty(max(nbytes, 1), dtype=np.uint8)
+        return have[:nbytes]
 
     def __enter__(self) -> Reader:
         return self
@@ -793,6 +872,18 @@ NARROW = {"n": np.int32, "s": np.int16}
 MAX_CODES = np.iinfo(np.int16).max
 
 
+def _narrowed(
+    values: np.ndarray, dtype: Any, take: Callable[[int], np.ndarray] | None
+) -> np.ndarray:
+    """values cast to dtype (as astype casts: the parser's values fit), in memory
+    from `take` where given."""
+    if take is None:
+        return values.astype(dtype)
+    out = take(len(values) * np.dtype(dtype).itemsize).view(dtype)
+    np.copyto(out, values, casting="unsafe")
+    return out
+
+
 def column_array(code: str, rows: int, values: np.ndarray, valid: Any, dictionary: Any) -> Any:
     """An Arrow array over a column's buffers as the library filled them: numbers
     and bools as they are, strings ('s', 'r') as int32 codes into `dictionary`."""
@@ -853,7 +944,7 @@ def to_arrow(
         values = chunk.values[c.slot]
         assert values is not None
         if c.code in NARROW:
-            values = values[:rows].astype(NARROW[c.code])
+            values = _narrowed(values[:rows], NARROW[c.code], chunk.take)
             type_ = pa.from_numpy_dtype(values.dtype)
             array = pa.Array.from_buffers(type_, rows, [valid, pa.py_buffer(values)])
             if c.code == "s":
