@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import gzip
+import itertools
 import json
 import random
 import re
@@ -971,3 +972,22 @@ def test_string_dictionary_holds_each_text_once() -> None:
     assert s_codes is not None and r_codes is not None
     assert [strings[c] for c in s_codes[: len(rows)]] == [s for s, _ in rows]
     assert [strings[c] for c in r_codes[: len(rows)]] == raw_texts
+
+
+def test_slabs_give_zeroed_aligned_buffers_that_never_overlap() -> None:
+    # Given slabs of 64 KiB, and buffers taken from them after writing into earlier ones
+    slabs = native.Slabs(slab_bytes=1 << 16)
+    taken = []
+    for size in [1, 63, 64, 65, 1000, 4096, 3 * 4096, 20_000, 5, 16_385]:
+        buf = slabs.take(size)
+        # Then each is zeroed, as long as asked and 64-byte aligned (Arrow's alignment)
+        assert len(buf) == size and not buf.any() and buf.ctypes.data % 64 == 0
+        buf[:] = 0xAB
+        taken.append(buf)
+    # and no two share a byte, though several came from one slab and later ones from
+    # a new slab (a buffer of over a quarter of a slab from memory of its own)
+    spans = sorted((b.ctypes.data, b.ctypes.data + len(b)) for b in taken)
+    assert all(end <= start for (_, end), (start, _) in itertools.pairwise(spans))
+    assert all((b == 0xAB).all() for b in taken)
+    bases = {id(b.base) for b in taken if b.base is not None}
+    assert 1 < len(bases) < len(taken)

@@ -325,7 +325,7 @@ class Slabs:
         """`nbytes` zeroed bytes, 64-byte aligned (Arrow's alignment)."""
         size = -(-max(nbytes, 1) // 64) * 64
         if size > self.slab_bytes // 4:  # a large one alone: no slab's tail wasted
-            return _zeroed(nbytes)
+            return _anonymous(size)[:nbytes]
         if self._slab is None or self._used + size > len(self._slab):
             self._slab, self._used = _anonymous(self.slab_bytes), 0
         out = self._slab[self._used : self._used + nbytes]
@@ -337,7 +337,9 @@ def _anonymous(nbytes: int) -> np.ndarray:
     """`nbytes` of fresh zeroed memory of a private mapping of its own, huge pages
     asked for (a shared one, mmap's default, is shared memory: no huge pages)."""
     if not hasattr(mmap, "MAP_PRIVATE") or not hasattr(mmap, "MAP_ANONYMOUS"):
-        return _zeroed(nbytes)
+        spare = _zeroed(nbytes + 64)  # cut at a 64-byte boundary, as a mapping's start is
+        start = -spare.ctypes.data % 64
+        return spare[start : start + nbytes]
     region = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     if hasattr(mmap, "MADV_HUGEPAGE"):
         with contextlib.suppress(OSError):  # a kernel without them: small pages
