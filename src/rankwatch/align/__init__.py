@@ -14,6 +14,7 @@ from rankwatch.align.clock import ClockEstimate, HostClock, estimate_clocks, obs
 from rankwatch.align.collectives import finish_collectives, start_collectives
 from rankwatch.align.p2p import align_p2p
 from rankwatch.align.ranks import map_ranks
+from rankwatch.alloc import release_freed_memory
 from rankwatch.model import Run
 
 __all__ = ["ClockEstimate", "HostClock", "align", "estimate_clocks"]
@@ -32,4 +33,5 @@ def align(run: Run) -> ClockEstimate:
     aligning = start_collectives(run)
     align_p2p(run)
     finish_collectives(run, aligning)
+    release_freed_memory()  # the kernels' threads' arenas: see there
     return clock

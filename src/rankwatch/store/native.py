@@ -270,16 +270,22 @@ def _zeroed(nbytes: int) -> np.ndarray:
     return np.zeros(nbytes, dtype=np.uint8)
 
 
+def _unset(nbytes: int) -> np.ndarray:
+    return np.empty(nbytes, dtype=np.uint8)
+
+
 def _new_chunk(
     layout: Layout,
     rows: int,
     take: Callable[[int], np.ndarray] = _zeroed,
     scratch: Callable[[int, int], np.ndarray] | None = None,
+    unset: Callable[[int], np.ndarray] = _unset,
 ) -> Chunk:
-    """Buffers for `rows` rows, zeroed (bitmaps, string codes) or not (numbers):
-    from `take` (nbytes -> zeroed uint8), but the columns to_arrow copies into
-    narrower ones (NARROW) from `scratch` (slot, nbytes -> uint8) where given:
-    memory used again for each chunk, as nothing keeps those buffers."""
+    """Buffers for `rows` rows: zeroed ones (bitmaps, string codes) from `take`
+    (nbytes -> zeroed uint8), the numbers' from `unset` (nbytes -> uint8, any
+    contents), but the columns to_arrow copies into narrower ones (NARROW) from
+    `scratch` (slot, nbytes -> uint8) where given: memory used again for each
+    chunk, as nothing keeps those buffers."""
     values: list[np.ndarray | None] = []
     for slot, code in enumerate(layout.slot_codes):
         if code in NARROW and scratch is not None:
@@ -289,9 +295,9 @@ def _new_chunk(
                 buf[:] = 0  # see below
             values.append(buf)
         elif code in "in":
-            values.append(take(rows * 8).view(np.int64))
+            values.append(unset(rows * 8).view(np.int64))
         elif code == "f":
-            values.append(take(rows * 8).view(np.float64))
+            values.append(unset(rows * 8).view(np.float64))
         elif code in "sr":
             # a NULL string keeps its code slot as allocated: zeroed, it is a valid
             # index; Arrow reads even those slots when it combines or unifies
@@ -514,12 +520,24 @@ class Reader(Parser):
         self._checks = self._key_checks()
         self._slabs = Slabs()
         self._scratch: dict[int, np.ndarray] = {}
+        # whether the batches made now are to be held (store.held): only those are
+        # cut from slabs; a batch that is appended or spilled soon frees its memory,
+        # which the heap then gives to the next chunk (a slab freed would be unmapped,
+        # and the next one faulted in again: at 3 M records, where half the batches
+        # spill, that cost more than the huge pages saved)
+        self.holding: Callable[[], bool] = lambda: False
 
     def _new_chunk(self, rows: int) -> Chunk:
-        """Buffers the batches keep from this reader's slabs; the ones to_arrow
-        narrows from its scratch, used again by the next chunk (which is bound only
-        once the batch of this one is made: see _file_batches, _unit_batch)."""
-        return _new_chunk(self.layout, rows, self._slabs.take, self._scratch_for)
+        """Buffers the batches keep: from this reader's slabs while they are held;
+        the ones to_arrow narrows from its scratch, used again by the next chunk
+        (bound only once the batch of this one is made: see _file_batches,
+        _unit_batch)."""
+        if self.holding():
+            take = self._slabs.take
+            return _new_chunk(self.layout, rows, take, self._scratch_for, unset=take)
+        chunk = _new_chunk(self.layout, rows, _zeroed, self._scratch_for)
+        chunk.take = None  # narrowed as astype does, into memory of their own
+        return chunk
 
     def _scratch_for(self, slot: int, nbytes: int) -> np.ndarray:
         have = self._scratch.get(slot)
@@ -1143,10 +1161,16 @@ def load_files(
             # reader say what is wrong with the file
             outcome.reject = f"could not read: {exc}"
 
+    holder = held  # `held` below is each worker's _Coalescer
+
+    def holding() -> bool:
+        return holder is not None and holder.open
+
     def work() -> None:
         held = _Coalescer(lambda batch: put(("chunk", None, batch)))
         try:
             with Reader(shape) as reader:
+                reader.holding = holding
                 while not stop.is_set():
                     with lock:
                         if not pending:
