@@ -1,6 +1,7 @@
 """Cross-rank alignment: who is who, host clocks, and ops matched across ranks.
 
-`align(run)` adds to a Run (all SQL, results stay in DuckDB):
+`align(run)` adds to a Run (tables in DuckDB; made with SQL, or with the compiled
+kernels of kernels.py where the native reader kept the collectives' columns):
 communicators, processes, rank_map (ranks.py); host_clock (clock.py);
 ops_aligned, collectives, collective_ranks, rank_lateness (collectives.py);
 p2p_pairs (p2p.py). It returns the clock estimate, whose bounds callers must
