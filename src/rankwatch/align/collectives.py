@@ -35,7 +35,6 @@ the ops table's collective rows; the SQL everywhere else.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from rankwatch.align import groups, kernels
@@ -280,21 +279,16 @@ def _cast_select(types: tuple[tuple[str, str], ...]) -> str:
     return ", ".join(f'CAST("{name}" AS {sql_type}) AS "{name}"' for name, sql_type in types)
 
 
-@dataclass
-class Aligning:
-    """align_collectives begun (start_collectives): the views made, and the compiled
-    kernels' rows and lateness computing on threads of their own (`native` waits for
-    them; None there or from it: the SQL form runs). Meanwhile align() aligns the P2P
-    ops, whose SQL runs on one core: at 1 M ops that overlaps about 20 ms."""
-
-    native: Callable[[], tuple[Any, kernels.Lateness] | None] | None = None
+# The compiled form's results being computed (_start_native): a call that waits for
+# the `joined` rows (an Arrow table) and the rank lateness sums, None when a kernel
+# declined; or None where the kernels do not apply. The SQL form runs in either case.
+Aligning = Callable[[], "tuple[Any, kernels.Lateness] | None"] | None
 
 
-def _start_native(run: Run) -> Callable[[], tuple[Any, kernels.Lateness] | None] | None:
+def _start_native(run: Run) -> Aligning:
     """Start the compiled kernels (kernels.py) over the kept columns, in passes as
-    the SQL form; None when there are no usable kept columns. The call returned waits
-    for the `joined` rows (an Arrow table) and the rank lateness sums, or None when a
-    kernel declined (nothing is left created then: the caller runs the SQL form)."""
+    the SQL form, on threads of their own (nothing is created until
+    finish_collectives)."""
     import pyarrow as pa
 
     kept = kernels.usable_kept(run, release=True)
@@ -347,16 +341,17 @@ def _rank_lateness_native(run: Run, late: kernels.Lateness) -> None:
 
 def start_collectives(run: Run) -> Aligning:
     """Create ops_aligned (host_clock and rank_map made) and start the compiled
-    kernels; finish_collectives makes the rest."""
+    kernels; finish_collectives makes the rest. Meanwhile the caller may run SQL that
+    does not read what they make (align() aligns the P2P ops)."""
     run.con.execute(OPS_ALIGNED_SQL)
     run.con.execute(COLLECTIVE_OPS_SQL)  # internal: read by COLLECTIVES_QUERY only
-    return Aligning(_start_native(run))
+    return _start_native(run)
 
 
 def finish_collectives(run: Run, aligning: Aligning) -> None:
     """Create collectives, collective_ranks and rank_lateness: from the compiled
     kernels' results where they have some, else with SQL."""
-    native = aligning.native() if aligning.native is not None else None
+    native = aligning() if aligning is not None else None
     late = None
     if native is not None:
         joined, late = native

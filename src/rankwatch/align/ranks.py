@@ -127,8 +127,10 @@ def map_ranks(run: Run, recount: bool = True) -> str | None:
     """Create communicators, processes and rank_map; returns the world comm_key.
     recount=False: op_groups as it is (made since ops last changed)."""
     con = run.con
-    if recount or groups.TABLE not in run.tables:
+    if recount:
         groups.make(run)
+    else:
+        groups.table(run)
     con.execute(COMMUNICATORS_SQL)
     con.execute(MEMBERS_SQL)
     world = world_comm(run)

@@ -262,10 +262,6 @@ class Chunk:
     take: Callable[[int], np.ndarray] | None = None
 
 
-def _bitmap(rows: int) -> np.ndarray:
-    return np.zeros((rows + 7) // 8, dtype=np.uint8)
-
-
 def _zeroed(nbytes: int) -> np.ndarray:
     return np.zeros(nbytes, dtype=np.uint8)
 
@@ -277,15 +273,16 @@ def _unset(nbytes: int) -> np.ndarray:
 def _new_chunk(
     layout: Layout,
     rows: int,
-    take: Callable[[int], np.ndarray] = _zeroed,
     scratch: Callable[[int, int], np.ndarray] | None = None,
-    unset: Callable[[int], np.ndarray] = _unset,
+    slabs: Slabs | None = None,
 ) -> Chunk:
-    """Buffers for `rows` rows: zeroed ones (bitmaps, string codes) from `take`
-    (nbytes -> zeroed uint8), the numbers' from `unset` (nbytes -> uint8, any
-    contents), but the columns to_arrow copies into narrower ones (NARROW) from
-    `scratch` (slot, nbytes -> uint8) where given: memory used again for each
-    chunk, as nothing keeps those buffers."""
+    """Buffers for `rows` rows: from `slabs` where given (zeroed; the chunk's
+    narrower copies go there too), else fresh (zeroed: bitmaps and string codes);
+    but the columns to_arrow copies into narrower ones (NARROW) from `scratch`
+    (slot, nbytes -> uint8) where given: memory used again for each chunk, as
+    nothing keeps those buffers."""
+    take = slabs.take if slabs is not None else _zeroed
+    unset = slabs.take if slabs is not None else _unset
     values: list[np.ndarray | None] = []
     for slot, code in enumerate(layout.slot_codes):
         if code in NARROW and scratch is not None:
@@ -309,7 +306,7 @@ def _new_chunk(
         else:
             values.append(None)
     valid = [take((rows + 7) // 8) for _ in layout.slot_codes]
-    return Chunk(0, values, valid, None if scratch is None else take)
+    return Chunk(0, values, valid, None if slabs is None else slabs.take)
 
 
 class Slabs:
@@ -532,12 +529,8 @@ class Reader(Parser):
         the ones to_arrow narrows from its scratch, used again by the next chunk
         (bound only once the batch of this one is made: see _file_batches,
         _unit_batch)."""
-        if self.holding():
-            take = self._slabs.take
-            return _new_chunk(self.layout, rows, take, self._scratch_for, unset=take)
-        chunk = _new_chunk(self.layout, rows, _zeroed, self._scratch_for)
-        chunk.take = None  # narrowed as astype does, into memory of their own
-        return chunk
+        slabs = self._slabs if self.holding() else None
+        return _new_chunk(self.layout, rows, self._scratch_for, slabs)
 
     def _scratch_for(self, slot: int, nbytes: int) -> np.ndarray:
         have = self._scratch.get(slot)
@@ -1145,14 +1138,14 @@ def load_files(
             except queue.Full:
                 continue
 
-    def read_file(reader: Reader, rf: RecordFile, held: _Coalescer) -> None:
+    def read_file(reader: Reader, rf: RecordFile, joined: _Coalescer) -> None:
         outcome = outcomes[rf.path]
         try:
             batches = _file_batches(reader, shape, rf, outcome, keepers)
             first, second = next(batches, None), next(batches, None)
             if second is None:  # read in one chunk: joined with other files'
                 if first is not None and not outcome.reject:
-                    held.add(first)
+                    joined.add(first)
             else:  # a larger file: its chunks go as they are
                 for batch in itertools.chain((first, second), batches):
                     put(("chunk", rf, batch))
@@ -1161,13 +1154,11 @@ def load_files(
             # reader say what is wrong with the file
             outcome.reject = f"could not read: {exc}"
 
-    holder = held  # `held` below is each worker's _Coalescer
-
     def holding() -> bool:
-        return holder is not None and holder.open
+        return held is not None and held.open
 
     def work() -> None:
-        held = _Coalescer(lambda batch: put(("chunk", None, batch)))
+        joined = _Coalescer(lambda batch: put(("chunk", None, batch)))
         try:
             with Reader(shape) as reader:
                 reader.holding = holding
@@ -1180,11 +1171,11 @@ def load_files(
                     if len(unit) > 1:
                         batch = _unit_batch(reader, shape, unit, outcomes, keepers)
                     if batch is not None:
-                        held.add(batch)
+                        joined.add(batch)
                         continue
                     for rf in unit:
-                        read_file(reader, rf, held)
-            held.flush()
+                        read_file(reader, rf, joined)
+            joined.flush()
         except BaseException as exc:  # handed to the inserting thread, raised there
             put(("error", None, exc))
         finally:
