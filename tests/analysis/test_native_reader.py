@@ -9,6 +9,7 @@ import contextlib
 import gzip
 import itertools
 import json
+import math
 import random
 import re
 from collections.abc import Iterator
@@ -794,6 +795,60 @@ def test_the_parser_accepts_only_what_a_json_decoder_accepts_with_the_same_value
                 else:
                     assert got == want and type(got) is type(want), (group, name, text)
     assert accepted > 200 and rejected > 1000
+
+
+def _unkept_integer_field() -> tuple[str, str]:
+    """An integer field the layout checks but keeps no column of."""
+    for line in native.layout().spec.decode().splitlines():
+        kind, *rest = line.split()
+        if kind == "field" and rest[2] == "i" and rest[3] == "-1":
+            return rest[0], rest[1]
+    raise AssertionError("every integer field has a column")
+
+
+NUMBER_TEXTS = ["19.534740", "0.5", "0.000028", "7.25", "0.0", "1234567.12345678",
+                "12345678.5", "9.123456789", "2.8e-05", "1.5E3", "-1.5", "0", "40", "01.5",
+                "00.1", "1.", ".5", "1.5.5", "1e400", "1767225615188119524",
+                "9223372036854775807", "9223372036854775808", "99999999999999999999", "00",
+                "-12", "1.0", "1e3", "-9223372036854775808", "-9223372036854775809",
+                "12a", "1767225615188119524.5"]  # fmt: skip
+
+
+@needs_library
+def test_numbers_a_template_reads_are_accepted_and_valued_as_json_says(sim) -> None:
+    """Numbers in a template's place (a field that varies from line to line) are
+    read by shortcuts: a decimal of a few digits, an integer whose value is not
+    kept. Each text is accepted exactly when a JSON decoder reads it as the field's
+    type (a float, or an integer that fits 64 bits), with the decoder's value."""
+    base = json.loads(first_op_lines(sim("plain"), 1)[0])
+    unkept = _unkept_integer_field()
+    bw = ("coll_perf", "coll_algobw_gbs")
+
+    def line(float_text: str, int_text: str) -> bytes:
+        record = json.loads(json.dumps(base))
+        record[bw[0]][bw[1]] = "@F@"
+        record[unkept[0]][unkept[1]] = "@I@"
+        text = json.dumps(record, separators=(",", ":"))
+        return text.replace('"@F@"', float_text).replace('"@I@"', int_text).encode()
+
+    with native.Reader(native.layout(), chunk_rows=4) as reader:
+        for float_text in NUMBER_TEXTS:
+            for int_text in ["1767225615188119524", *NUMBER_TEXTS]:
+                reader._lib.rwp_reset(reader._p)
+                for warm in range(3):  # both fields vary: the template keeps them apart
+                    assert _parse_one(reader, line(f"{warm}.25", str(10**18 + warm)), False)[0]
+                ok, values = _parse_one(reader, line(float_text, int_text), reset=False)
+                try:
+                    want_f = json.loads(float_text)
+                    want_i = json.loads(int_text)
+                except ValueError:
+                    assert not ok, (float_text, int_text)
+                    continue
+                valid = (isinstance(want_f, (int, float)) and math.isfinite(want_f)
+                         and isinstance(want_i, int) and -(2**63) <= want_i < 2**63)  # fmt: skip
+                assert ok == valid, (float_text, int_text)
+                if ok:
+                    assert values[bw] == float(want_f), (float_text, values[bw])
 
 
 @needs_library
