@@ -6,6 +6,7 @@ mangled input under AddressSanitizer and UBSan."""
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import gzip
 import itertools
 import json
@@ -849,6 +850,43 @@ def test_numbers_a_template_reads_are_accepted_and_valued_as_json_says(sim) -> N
                 assert ok == valid, (float_text, int_text)
                 if ok:
                     assert values[bw] == float(want_f), (float_text, values[bw])
+
+
+@needs_library
+def test_values_a_template_folds_replace_what_the_buffers_held(sim) -> None:
+    """A template writes the values it folded over each run of rows it matched; in
+    buffers that held other values (a chunk's memory bound again) every row gets
+    the line's value, true or false, a number or a string."""
+    base = json.loads(first_op_lines(sim("plain"), 1)[0])
+
+    def lines(captured: bool, device: int, job: str) -> bytes:
+        out = []
+        for i in range(40):
+            record = json.loads(json.dumps(base))
+            record["rankwatch"].update(graph_captured=captured, device=device, job_id=job,
+                                       seq=i)  # fmt: skip
+            out.append(json.dumps(record, separators=(",", ":")))
+        return ("\n".join(out) + "\n").encode()
+
+    layout = native.layout()
+    bools = {c.name: c.slot for c in layout.columns if c.group == "rankwatch"}
+    with native.Reader(layout, chunk_rows=64) as reader:
+        chunk = reader.bind_chunk(64)
+        void_pp = ctypes.c_void_p * layout.slots
+        bound = (void_pp(*[(v.ctypes.data if v is not None else None) for v in chunk.values]),
+                 void_pp(*[v.ctypes.data for v in chunk.valid]))  # fmt: skip
+        for captured, device, job in [(True, 3, "first"), (False, 5, "second"), (True, 1, "x")]:
+            reader._lib.rwp_reset(reader._p)
+            assert reader._lib.rwp_bind(reader._p, 64, *bound) == 0
+            text = np.frombuffer(lines(captured, device, job), dtype=np.uint8)
+            reader._lib.rwp_parse(reader._p, text.ctypes.data, len(text), 1)
+            assert reader._lib.rwp_rows(reader._p) == 40
+            bits = np.unpackbits(chunk.values[bools["graph_captured"]], bitorder="little")
+            assert bits[:40].tolist() == [int(captured)] * 40
+            assert chunk.values[bools["device"]][:40].tolist() == [device] * 40
+            codes = set(chunk.values[bools["job_id"]][:40].tolist())
+            assert [reader.string(code) for code in codes] == [job]
+            assert chunk.values[bools["seq"]][:40].tolist() == list(range(40))
 
 
 @needs_library
