@@ -25,6 +25,7 @@ from analysis_support import first_op_lines, inspector_coll, write_lines
 from helpers import build_sanitized, c_compiler, chunk_rows_default, run_sanitized
 from rankwatch import nativelib, schema
 from rankwatch.store import EngineSettings, ingest, native
+from rankwatch.store import slabs as slabs_module
 from rankwatch.store.engine import DEFAULT_MEMORY_LIMIT
 from rankwatch.store.tables import OP_COLUMNS, OP_GROUP_FIELDS
 
@@ -1069,7 +1070,7 @@ def test_string_dictionary_holds_each_text_once() -> None:
 
 def test_slabs_give_zeroed_aligned_buffers_that_never_overlap() -> None:
     # Given slabs of 64 KiB, and buffers taken from them after writing into earlier ones
-    slabs = native.Slabs(slab_bytes=1 << 16)
+    slabs = slabs_module.Slabs(slab_bytes=1 << 16)
     taken = []
     for size in [1, 63, 64, 65, 1000, 4096, 3 * 4096, 20_000, 5, 16_385]:
         buf = slabs.take(size)

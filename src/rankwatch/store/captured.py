@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from rankwatch.store.bitmaps import bits_at
+from rankwatch.store.slabs import Slabs, anonymous
 
 # The chunk columns rwp_capture reads (native/rwkept.h: RW_C_*), each the ops column
 # of that name as the native reader fills it (rankwatch.store.native.capture_slots).
@@ -55,10 +56,19 @@ MEMBER_COLUMNS = ("comm_id", "comm_name", "rank", "n_ranks", "host", "pid")
 Member = tuple[int, int, int, "int | None", int, int, int]
 
 
+_local = threading.local()
+
+
 class _Capture:
-    """rwp_capture's output buffers for a chunk of `rows` rows."""
+    """rwp_capture's output buffers for a chunk of `rows` rows: this thread's, used
+    again for its next chunk (what is kept of them is copied: `_Kept`). Fresh for
+    each chunk, they cost a page fault per 4 KiB filled."""
 
     def __init__(self, rows: int) -> None:
+        have: _Capture | None = getattr(_local, "capture", None)
+        if have is not None and len(have.row) >= rows:
+            self.__dict__.update(have.__dict__)
+            return
         self.row = np.empty(rows, dtype=np.int32)
         self.func = np.empty(rows, dtype=np.int32)
         self.seq = np.empty(rows, dtype=np.int64)
@@ -66,6 +76,28 @@ class _Capture:
         self.valid = np.empty(rows, dtype=np.uint8)
         self.key = np.empty(rows, dtype=np.uint64)
         self.proc = np.empty(rows, dtype=np.int32)
+        _local.capture = self
+
+
+def _kept(a: np.ndarray) -> np.ndarray:
+    """A copy of `a` in this thread's slabs (huge pages: store.slabs), kept
+    until finish() joins the parts."""
+    slabs = getattr(_local, "slabs", None)
+    if slabs is None:
+        slabs = _local.slabs = Slabs()
+    out = slabs.take(a.nbytes).view(a.dtype)
+    out[...] = a
+    return out
+
+
+def _joined(arrays: list[np.ndarray], dtype: Any) -> np.ndarray:
+    """The arrays end to end, in a mapping of their own (huge pages: one fault per
+    2 MiB, where NumPy's fresh memory faulted per 4 KiB)."""
+    total = sum(len(a) for a in arrays)
+    out = anonymous(total * np.dtype(dtype).itemsize).view(dtype)
+    if arrays:
+        np.concatenate(arrays, out=out)
+    return out
 
 
 @dataclass
@@ -169,16 +201,11 @@ class CollectiveCapture:
         else:
             key = out.key[:got] if packed.value else None
             member = self._members_of(state, chunk, picked, key)
-        columns = {"member": member}
+        columns = {"member": _kept(member)}
 
-        def fit(a: np.ndarray) -> np.ndarray:
-            # as it is when every row was picked (a chunk of collectives only), else
-            # copied to fit: the parts stay until finish()
-            return a if got == rows else a[:got].copy()
-
-        columns |= {"func": fit(out.func), "seq": fit(out.seq)}
-        columns |= {name: fit(out.values[name]) for name in TIMES}
-        state.parts.append(columns | {"valid": fit(out.valid)})
+        columns |= {"func": _kept(out.func[:got]), "seq": _kept(out.seq[:got])}
+        columns |= {name: _kept(out.values[name][:got]) for name in TIMES}
+        state.parts.append(columns | {"valid": _kept(out.valid[:got])})
 
     def _members_of_processes(
         self, state: _FileState, chunk: Any, picked: np.ndarray, key: np.ndarray,
@@ -281,7 +308,7 @@ class CollectiveCapture:
 
         def join(name: str, dtype: Any) -> np.ndarray:
             arrays = [p.pop(name) for p in parts]  # the parts' copies go with these
-            return np.concatenate(arrays) if arrays else np.empty(0, dtype=dtype)
+            return _joined(arrays, dtype)
 
         member, func = join("member", np.int32), join("func", np.int32)
         seq, valid = join("seq", np.int64), join("valid", np.uint8)

@@ -49,12 +49,12 @@ from rankwatch import nativelib, schema
 from rankwatch.store import captured, grouped, p2p_rows
 from rankwatch.store.discover import RecordFile
 from rankwatch.store.held import HeldOps
+from rankwatch.store.slabs import Slabs
 from rankwatch.store.tables import OP_COLUMNS, OP_GROUP_FIELDS, op_json_columns
 
 LIB_FILENAME = "librankwatch-rwparse.so"
 FIT_SLACK = 1.25  # a chunk whose buffers exceed its rows by more is copied to fit
 CHUNK_ROWS = 1 << 15  # rows per Arrow batch: about 12 MB of column buffers
-SLAB_BYTES = 1 << 25  # an op reader's held buffers are cut from slabs this large (Slabs)
 MIN_FIRST_ROWS = 256  # ... and at least this many in a file's first (see Reader._first_rows)
 SMALL_RECORD_BYTES = 256  # an op record is about 1.2 KB; shorter ones exist (few fields)
 READ_WHOLE_BYTES = 1 << 22  # plain files up to this size are read, larger ones mapped
@@ -307,47 +307,6 @@ def _new_chunk(
             values.append(None)
     valid = [take((rows + 7) // 8) for _ in layout.slot_codes]
     return Chunk(0, values, valid, None if slabs is None else slabs.take)
-
-
-class Slabs:
-    """Zeroed memory for the buffers an op reader's batches keep, cut from slabs of
-    SLAB_BYTES mapped anonymously, with transparent huge pages asked for where the
-    kernel has them (madvise MADV_HUGEPAGE). The batches are held for the whole
-    analysis (store.held): in separate NumPy arrays of a chunk's size each, a 4 KiB
-    page fault came with every 4 KiB they fill (at 1 M op records, 53,000 more
-    faults and 0.11 s more system time); a 2 MiB page takes one. A slab is unmapped
-    once no buffer cut from it is referenced, so only batches that are held should
-    come from slabs (Reader.holding). Not thread-safe: one per reader."""
-
-    def __init__(self, slab_bytes: int = SLAB_BYTES) -> None:
-        self.slab_bytes = slab_bytes
-        self._slab: np.ndarray | None = None
-        self._used = 0
-
-    def take(self, nbytes: int) -> np.ndarray:
-        """`nbytes` zeroed bytes, 64-byte aligned (Arrow's alignment)."""
-        size = -(-max(nbytes, 1) // 64) * 64
-        if size > self.slab_bytes // 4:  # a large one alone: no slab's tail wasted
-            return _anonymous(size)[:nbytes]
-        if self._slab is None or self._used + size > len(self._slab):
-            self._slab, self._used = _anonymous(self.slab_bytes), 0
-        out = self._slab[self._used : self._used + nbytes]
-        self._used += size
-        return out
-
-
-def _anonymous(nbytes: int) -> np.ndarray:
-    """`nbytes` of fresh zeroed memory of a private mapping of its own, huge pages
-    asked for (a shared one, mmap's default, is shared memory: no huge pages)."""
-    if not hasattr(mmap, "MAP_PRIVATE") or not hasattr(mmap, "MAP_ANONYMOUS"):
-        spare = _zeroed(nbytes + 64)  # cut at a 64-byte boundary, as a mapping's start is
-        start = -spare.ctypes.data % 64
-        return spare[start : start + nbytes]
-    region = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    if hasattr(mmap, "MADV_HUGEPAGE"):
-        with contextlib.suppress(OSError):  # a kernel without them: small pages
-            region.madvise(mmap.MADV_HUGEPAGE)
-    return np.frombuffer(region, dtype=np.uint8)
 
 
 def all_set(bits: np.ndarray, rows: int) -> bool:
