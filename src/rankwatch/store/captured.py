@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import ctypes
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -61,7 +62,7 @@ _local = threading.local()
 
 class _Capture:
     """rwp_capture's output buffers for a chunk of `rows` rows: this thread's, used
-    again for its next chunk (what is kept of them is copied: `_Kept`). Fresh for
+    again for its next chunk (what is kept of them is copied: CollectiveCapture._kept). Fresh for
     each chunk, they cost a page fault per 4 KiB filled."""
 
     def __init__(self, rows: int) -> None:
@@ -77,17 +78,6 @@ class _Capture:
         self.key = np.empty(rows, dtype=np.uint64)
         self.proc = np.empty(rows, dtype=np.int32)
         _local.capture = self
-
-
-def _kept(a: np.ndarray) -> np.ndarray:
-    """A copy of `a` in this thread's slabs (huge pages: store.slabs), kept
-    until finish() joins the parts."""
-    slabs = getattr(_local, "slabs", None)
-    if slabs is None:
-        slabs = _local.slabs = Slabs()
-    out = slabs.take(a.nbytes).view(a.dtype)
-    out[...] = a
-    return out
 
 
 def _joined(arrays: list[np.ndarray], dtype: Any) -> np.ndarray:
@@ -145,6 +135,8 @@ class CollectiveCapture:
         self._strings: list[str] = []
         self._members: dict[Member, int] = {}
         self._files: dict[str, _FileState] = {}
+        # where the parts are kept, by (thread, column): see _kept
+        self._slabs: dict[tuple[int, str], Slabs] = {}
 
     # ------------------------------------------------------------ strings
 
@@ -201,11 +193,25 @@ class CollectiveCapture:
         else:
             key = out.key[:got] if packed.value else None
             member = self._members_of(state, chunk, picked, key)
-        columns = {"member": _kept(member)}
+        kept = self._kept
+        columns = {"member": kept("member", member)}
 
-        columns |= {"func": _kept(out.func[:got]), "seq": _kept(out.seq[:got])}
-        columns |= {name: _kept(out.values[name][:got]) for name in TIMES}
-        state.parts.append(columns | {"valid": _kept(out.valid[:got])})
+        columns |= {"func": kept("func", out.func[:got]), "seq": kept("seq", out.seq[:got])}
+        columns |= {name: kept(name, out.values[name][:got]) for name in TIMES}
+        state.parts.append(columns | {"valid": kept("valid", out.valid[:got])})
+
+    def _kept(self, column: str, a: np.ndarray) -> np.ndarray:
+        """A copy of `a` in this thread's slabs for `column` (huge pages:
+        store.slabs), kept until finish() joins the parts: a column's slabs are
+        unmapped once it is joined, so the parts and the joined columns are never
+        all in memory at once."""
+        key = (threading.get_ident(), column)
+        slabs = self._slabs.get(key)
+        if slabs is None:
+            slabs = self._slabs[key] = Slabs()
+        out = slabs.take(a.nbytes).view(a.dtype)
+        out[...] = a
+        return out
 
     def _members_of_processes(
         self, state: _FileState, chunk: Any, picked: np.ndarray, key: np.ndarray,
@@ -302,16 +308,21 @@ class CollectiveCapture:
 
     def finish(self) -> CollectiveColumns:
         """The kept rows as one set of columns (the parts are released as they are
-        joined, one column at a time)."""
+        joined, a column at a time, two columns at once: at 10 M records the copies
+        take 0.3 s, while the caller waits)."""
         parts = [p for path in sorted(self._files) for p in self._files[path].parts]
         self._files = {}
+        self._slabs = {}  # each slab is unmapped once its column's parts are joined
+        dtypes = {"member": np.int32, "func": np.int32, "seq": np.int64, "valid": np.uint8}
+        dtypes |= {name: np.int64 for name in TIMES}
 
-        def join(name: str, dtype: Any) -> np.ndarray:
+        def join(name: str) -> np.ndarray:
             arrays = [p.pop(name) for p in parts]  # the parts' copies go with these
-            return _joined(arrays, dtype)
+            return _joined(arrays, dtypes[name])
 
-        member, func = join("member", np.int32), join("func", np.int32)
-        seq, valid = join("seq", np.int64), join("valid", np.uint8)
-        values = {name: join(name, np.int64) for name in TIMES}
+        with ThreadPoolExecutor(max_workers=2) as pool:  # NumPy copies without the GIL
+            joined = dict(zip(dtypes, pool.map(join, dtypes), strict=True))
+        member, func, seq, valid = (joined[name] for name in ("member", "func", "seq", "valid"))
+        values = {name: joined[name] for name in TIMES}
         members = [m for m, _ in sorted(self._members.items(), key=lambda item: item[1])]
         return CollectiveColumns(list(self._strings), members, member, func, seq, values, valid)
