@@ -14,6 +14,7 @@ import math
 import random
 import re
 from pathlib import Path
+from typing import Any
 
 import duckdb
 import numpy as np
@@ -318,6 +319,28 @@ def test_clock_estimates_of_many_hosts_use_the_same_pairs(tmp_path: Path) -> Non
 def test_clock_estimates_of_random_records_equal_the_sql_form(seed: int, tmp_path: Path) -> None:
     run, kept = _ingested(_random_job(tmp_path / "job", seed, records=6000))
     _assert_same_clocks(_clocks_both(run, kept))
+
+
+@pytest.mark.parametrize("job", ["clocks", "random"])
+def test_clock_pairs_over_two_halves_of_the_observations_equal_the_sql_form(
+    job: str, sim, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Above 2 * HALF_OBSERVATIONS observations the pair kernels run on two halves
+    at once; what they find is what one call over all finds, and the SQL form."""
+    monkeypatch.setattr(kernels, "HALF_OBSERVATIONS", 1)
+    halves: list[int] = []
+    made = kernels.ClockPairs.__init__
+
+    def counted(self: kernels.ClockPairs, *args: Any) -> None:
+        made(self, *args)
+        halves.append(len(self._halves))
+
+    monkeypatch.setattr(kernels.ClockPairs, "__init__", counted)
+    directory = sim("clocks") if job == "clocks" else _random_job(tmp_path / "job", 1, 6000)
+    run, kept = _ingested(directory)
+    halves.clear()  # the alignment's own; the SQL form makes none
+    _assert_same_clocks(_clocks_both(run, kept))
+    assert halves == [2]
 
 
 def test_medians_are_duckdbs_percentile_cont() -> None:
