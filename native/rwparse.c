@@ -690,47 +690,11 @@ static inline uint64_t first_digits(uint64_t x, int n) {
   return eight_value(x << (64 - 8 * n));
 }
 
-/* A non-negative integer of 1 to 19 digits without a leading zero that fits
- * int64 and is not followed by a fraction or exponent: the common case, parsed
- * a word at a time. Returns 0 (moving nothing) for anything else. */
-static inline int fast_int(const uint8_t **ps, const uint8_t *end, int64_t *out) {
-  const uint8_t *s = *ps;
-  if (end - s < 25 || *s == '0') return 0;
-  uint64_t w0 = load8(s), m = non_digits(w0), v;
-  int len;
-  if (m) {
-    len = __builtin_ctzll(m) >> 3;
-    if (len == 0) return 0;
-    v = first_digits(w0, len);
-  } else {
-    uint64_t w1 = load8(s + 8);
-    m = non_digits(w1);
-    if (m) {
-      int n1 = __builtin_ctzll(m) >> 3;
-      len = 8 + n1;
-      v = eight_value(w0) * POW10_U64[n1] + (n1 ? first_digits(w1, n1) : 0);
-    } else {
-      uint64_t w2 = load8(s + 16);
-      m = non_digits(w2);
-      int n2 = m ? __builtin_ctzll(m) >> 3 : 8;
-      if (n2 > 3) return 0; /* 20 digits or more */
-      len = 16 + n2;
-      v = (eight_value(w0) * 100000000ull + eight_value(w1)) * POW10_U64[n2] +
-          (n2 ? first_digits(w2, n2) : 0);
-      if (v > (uint64_t)INT64_MAX) return 0;
-    }
-  }
-  uint8_t next = s[len];
-  if (next == '.' || next == 'e' || next == 'E') return 0;
-  *ps = s + len;
-  *out = (int64_t)v;
-  return 1;
-}
-
-/* The length of what fast_int parses at s (a non-negative integer of 1 to 19
- * digits, no leading zero, that fits int64, no fraction or exponent after it), or
- * 0: the value of a field that has no slot is checked, not computed (two of a
- * record's nanosecond times and two of its Inspector counters). */
+/* The length of a non-negative integer at s of 1 to 19 digits without a leading
+ * zero that fits int64 and is not followed by a fraction or exponent (the common
+ * case, found a word at a time), or 0 for anything else. A field that has no slot
+ * is checked with this alone (two of a record's nanosecond times and two of its
+ * Inspector counters); fast_int computes the value of one that has. */
 static inline int plain_int_length(const uint8_t *s, const uint8_t *end) {
   if (end - s < 25 || *s == '0') return 0;
   uint64_t m = non_digits(load8(s));
@@ -742,11 +706,33 @@ static inline int plain_int_length(const uint8_t *s, const uint8_t *end) {
   } else {
     m = non_digits(load8(s + 16));
     len = 16 + (m ? __builtin_ctzll(m) >> 3 : 8);
-    if (len > 19 || (len == 19 && memcmp(s, "9223372036854775807", 19) > 0)) return 0;
+    /* 19 digits from 9223372036854775808 on do not fit (times start with a 1) */
+    if (len > 19 || (len == 19 && *s == '9' && memcmp(s, "9223372036854775807", 19) > 0))
+      return 0;
   }
   uint8_t next = s[len];
   if (len == 0 || next == '.' || next == 'e' || next == 'E') return 0;
   return len;
+}
+
+/* The integer plain_int_length finds at *ps, moving past it; 0 (moving nothing)
+ * where it finds none. */
+static inline int fast_int(const uint8_t **ps, const uint8_t *end, int64_t *out) {
+  const uint8_t *s = *ps;
+  int len = plain_int_length(s, end);
+  uint64_t v;
+  if (len == 0) return 0;
+  if (len <= 8) {
+    v = first_digits(load8(s), len);
+  } else if (len <= 16) {
+    v = eight_value(load8(s)) * POW10_U64[len - 8] + first_digits(load8(s + 8), len - 8);
+  } else {
+    uint64_t high = eight_value(load8(s)) * 100000000ull + eight_value(load8(s + 8));
+    v = high * POW10_U64[len - 16] + first_digits(load8(s + 16), len - 16);
+  }
+  *ps = s + len;
+  *out = (int64_t)v;
+  return 1;
 }
 
 /* A non-negative decimal at s with 1 to 7 integer digits (no leading zero but a
@@ -1155,19 +1141,17 @@ static int parse_line(rwp_parser *p, const uint8_t *s, const uint8_t *end) {
   return skip_ws(s, end) == end ? RWP_OK : RWP_E_SYNTAX;
 }
 
-/* Set bits [from, to) of an LSB-first bitmap whose bits there are clear. */
-static void set_range(uint8_t *bits, int64_t from, int64_t to) {
+/* Set (on) or clear bits [from, to) of an LSB-first bitmap. */
+static void fill_range(uint8_t *bits, int64_t from, int64_t to, int on) {
   if (from >= to) return;
   int64_t first = from >> 3, last = (to - 1) >> 3;
   uint8_t head = (uint8_t)(0xFFu << (from & 7));
   uint8_t tail = (uint8_t)(0xFFu >> (7 - ((to - 1) & 7)));
-  if (first == last) {
-    bits[first] |= head & tail;
-    return;
-  }
-  bits[first] |= head;
-  if (last > first + 1) memset(bits + first + 1, 0xFF, (size_t)(last - first - 1));
-  bits[last] |= tail;
+  if (first == last) head &= tail;
+  bits[first] = on ? bits[first] | head : bits[first] & (uint8_t)~head;
+  if (first == last) return;
+  if (last > first + 1) memset(bits + first + 1, on ? 0xFF : 0, (size_t)(last - first - 1));
+  bits[last] = on ? bits[last] | tail : bits[last] & (uint8_t)~tail;
 }
 
 /* Mark which slots of the pending run's rows have values (see run_start). */
@@ -1178,13 +1162,13 @@ static void flush_run(rwp_parser *p) {
   for (int gi = 0; gi < p->ngroups; gi++) {
     const group_t *g = &p->groups[gi];
     if (!(p->run_present & (1u << gi))) continue;
-    if (g->slot >= 0) set_range(p->valid[g->slot], from, to);
+    if (g->slot >= 0) fill_range(p->valid[g->slot], from, to, 1);
     uint64_t given = p->run_given[gi];
     while (given) {
       int fi = __builtin_ctzll(given);
       given &= given - 1;
       int slot = g->field_slot[fi];
-      if (slot >= 0) set_range(p->valid[slot], from, to);
+      if (slot >= 0) fill_range(p->valid[slot], from, to, 1);
     }
   }
 }
@@ -1228,16 +1212,6 @@ static inline int segment_at(const uint8_t *s, const uint8_t *end, const uint8_t
   return (size_t)(end - s) >= seg->len && memcmp(s, text, seg->len) == 0;
 }
 
-/* Clear bits [from, to) of an LSB-first bitmap. */
-static void clear_range(uint8_t *bits, int64_t from, int64_t to) {
-  for (int64_t i = from; i < to && (i & 7); i++) clear_bit(bits, i);
-  int64_t first = (from + 7) & ~(int64_t)7;
-  if (first >= to) return;
-  int64_t whole = (to - first) >> 3;
-  memset(bits + (first >> 3), 0, (size_t)whole);
-  for (int64_t i = first + 8 * whole; i < to; i++) clear_bit(bits, i);
-}
-
 /* Write the folded values of the pending template's rows (see fixed_start): a
  * column at a time over the run, where writing each row's two dozen folded values
  * as it matched took a twelfth of the parsing. */
@@ -1265,8 +1239,7 @@ static void flush_fixed(rwp_parser *p) {
         break;
       }
       default: /* b */
-        if (f->value) set_range(p->values[f->slot], from, to);
-        else clear_range(p->values[f->slot], from, to);
+        fill_range(p->values[f->slot], from, to, f->value != 0);
     }
   }
 }

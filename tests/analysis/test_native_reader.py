@@ -870,7 +870,7 @@ def test_values_a_template_folds_replace_what_the_buffers_held(sim) -> None:
         return ("\n".join(out) + "\n").encode()
 
     layout = native.layout()
-    bools = {c.name: c.slot for c in layout.columns if c.group == "rankwatch"}
+    slot = {c.name: c.slot for c in layout.columns if c.group == "rankwatch"}
     with native.Reader(layout, chunk_rows=64) as reader:
         chunk = reader.bind_chunk(64)
         void_pp = ctypes.c_void_p * layout.slots
@@ -882,12 +882,12 @@ def test_values_a_template_folds_replace_what_the_buffers_held(sim) -> None:
             text = np.frombuffer(lines(captured, device, job), dtype=np.uint8)
             reader._lib.rwp_parse(reader._p, text.ctypes.data, len(text), 1)
             assert reader._lib.rwp_rows(reader._p) == 40
-            bits = np.unpackbits(chunk.values[bools["graph_captured"]], bitorder="little")
-            assert bits[:40].tolist() == [int(captured)] * 40
-            assert chunk.values[bools["device"]][:40].tolist() == [device] * 40
-            codes = set(chunk.values[bools["job_id"]][:40].tolist())
+            bits = native.unpack(chunk.values[slot["graph_captured"]], 40)
+            assert bits.tolist() == [captured] * 40
+            assert chunk.values[slot["device"]][:40].tolist() == [device] * 40
+            codes = set(chunk.values[slot["job_id"]][:40].tolist())
             assert [reader.string(code) for code in codes] == [job]
-            assert chunk.values[bools["seq"]][:40].tolist() == list(range(40))
+            assert chunk.values[slot["seq"]][:40].tolist() == list(range(40))
 
 
 @needs_library

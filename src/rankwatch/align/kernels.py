@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import ctypes
 import os
-import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
@@ -30,6 +29,7 @@ import numpy as np
 from rankwatch import nativelib
 from rankwatch.align import groups
 from rankwatch.store.captured import CollectiveColumns
+from rankwatch.store.slabs import release_scratch, scratch
 
 LIB_FILENAME = "librankwatch-rwalign.so"
 
@@ -179,29 +179,6 @@ PARTITION_BUCKETS = 1 << 20  # seq buckets that rwa_partition cuts into passes
 MAX_WORKERS = 4  # passes in flight at once, each holding its rows (about 48 MB)
 
 
-_local = threading.local()
-
-
-def _scratch(name: str, size: int, dtype: Any) -> np.ndarray:
-    """An uninitialised array of `size` elements from this thread's buffer `name`,
-    which the thread's next pass reuses: a pass's rows and groups take tens of MB,
-    and memory taken fresh costs a page fault per 4 KiB (at 1 M ops, rwa_prepare
-    took 0.20 CPU s over fresh memory, 0.08 over memory used before). Whatever a
-    pass returns is a copy, never one of these."""
-    buffers = getattr(_local, "buffers", None)
-    if buffers is None:
-        buffers = _local.buffers = {}
-    have = buffers.get(name)
-    if have is None or have.size < size or have.dtype != dtype:
-        have = buffers[name] = np.empty(max(size, 1), dtype)
-    return have[:size]
-
-
-def _release_scratch() -> None:
-    """Drop this thread's buffers (a worker thread's go when it ends)."""
-    _local.buffers = None
-
-
 def passes(rows: int, rows_per_pass: int | None = None) -> int:
     """How many passes of at most rows_per_pass (ROWS_PER_PASS) rows take `rows` rows."""
     return max(1, -(-rows // (rows_per_pass or ROWS_PER_PASS)))
@@ -215,7 +192,7 @@ def _in_parallel(work: Callable[[int], Any], passes: int) -> Iterator[Any]:
         try:
             yield from (work(i) for i in range(passes))
         finally:
-            _release_scratch()
+            release_scratch()
         return
     # A worker takes the next pass as soon as its own is done, not when the oldest
     # pass in flight is (passes differ in size: waiting for the oldest left a core
@@ -354,13 +331,13 @@ class PassRows:
 
     @classmethod
     def empty(cls, rows: int) -> PassRows:
-        """Uninitialised rows, in this thread's scratch (see _scratch)."""
+        """Uninitialised rows, in this thread's scratch (store.slabs.scratch)."""
         width = len(IN_COLUMNS)
         return cls(
-            _scratch("comm", rows, np.int64), _scratch("func", rows, np.int64),
-            _scratch("seq", rows, np.int64), _scratch("seq_ok", rows, np.uint8),
-            _scratch("data", rows * width, np.int64).reshape(rows, width),
-            _scratch("ok", rows * width, np.uint8).reshape(rows, width),
+            scratch("comm", rows, np.int64), scratch("func", rows, np.int64),
+            scratch("seq", rows, np.int64), scratch("seq_ok", rows, np.uint8),
+            scratch("data", rows * width, np.int64).reshape(rows, width),
+            scratch("ok", rows * width, np.uint8).reshape(rows, width),
         )  # fmt: skip
 
 
@@ -438,9 +415,9 @@ def _prepare(lib: ctypes.CDLL, kept: CollectiveColumns, job: JobTables, sel: np.
 def _group(lib: ctypes.CDLL, rows: PassRows) -> tuple[int, np.ndarray, np.ndarray, np.ndarray]:
     n = len(rows.seq)
     cap = 1 << max(1, int(2 * n - 1).bit_length())
-    table = _scratch("table", cap, np.int64)
-    first, group = _scratch("first", n, np.int64), _scratch("group", n, np.int64)
-    order, starts = _scratch("order", n, np.int64), _scratch("starts", n + 1, np.int64)
+    table = scratch("table", cap, np.int64)
+    first, group = scratch("first", n, np.int64), scratch("group", n, np.int64)
+    order, starts = scratch("order", n, np.int64), scratch("starts", n + 1, np.int64)
     got = lib.rwa_group(n, _p(rows.comm), _p(rows.func), _p(rows.seq), _p(rows.seq_ok), cap,
                         _p(table), _p(first), _p(group), _p(order), _p(starts))  # fmt: skip
     if got < 0:
@@ -462,7 +439,7 @@ def _grouping(lib: ctypes.CDLL, partition: Partition, i: int, rows: PassRows, jo
     kept = partition.groupings.pop(i, None)
     if kept is None or kept.keys != Grouping.keys_of(job) or len(kept.order) != len(rows.seq):
         return _group(lib, rows)
-    order = _scratch("order", len(kept.order), np.int64)
+    order = scratch("order", len(kept.order), np.int64)
     order[:] = kept.order
     return kept.groups, kept.first, order, kept.starts
 
@@ -548,7 +525,6 @@ OBS_FIELDS = ("id", "host", "min_end", "max_start", "max_start_ok", "mean_end", 
 OBS_SCRATCH = 7  # rwalign.h: RWA_OBS_SCRATCH, per-host accumulators of rwa_clock_obs
 MAX_CELLS = 1 << 24  # (host pair, time bucket) cells beyond this: the SQL form instead
 PAIRS_RANGE, PAIRS_COUNT, PAIRS_FILL, PAIRS_DETREND = range(4)  # rwalign.h: RWA_PAIRS_*
-FILLED = {PAIRS_RANGE: "range_", PAIRS_COUNT: "cell_next", PAIRS_FILL: "t_sum"}  # per mode
 
 
 @dataclass
@@ -649,34 +625,40 @@ class ClockPairs:
         for k, (a, b) in enumerate(self.pairs):
             self._pair_of[code[a] * n + code[b]] = k
         self._halves = _halves(obs.arrays["id"])
-        spans = self._each(lambda half: self._call(half, PAIRS_RANGE, 0, 0,
-                                                   range_=np.zeros(3, dtype=np.int64)))  # fmt: skip
-        seen = [span for span in spans if span[2]]
-        self._lo = int(min(span[0] for span in seen)) if seen else 0
-        self._buckets = int(max(span[1] for span in seen)) - self._lo + 1 if seen else 0
+
+        def span(half: int) -> np.ndarray:
+            found = np.zeros(3, dtype=np.int64)  # least and greatest bucket, pairs
+            self._call(half, PAIRS_RANGE, 0, 0, range_=found)
+            return found
+
+        seen = [found for found in self._each(span) if found[2]]
+        self._lo = int(min(found[0] for found in seen)) if seen else 0
+        self._buckets = int(max(found[1] for found in seen)) - self._lo + 1 if seen else 0
         cells = len(self.pairs) * self._buckets
         if cells > MAX_CELLS:
             raise Declined(f"{cells} clock cells")
 
         def count(half: int) -> np.ndarray:
             counts = np.zeros(cells, np.int64)
-            return self._call(half, PAIRS_COUNT, self._lo, self._buckets, cell_next=counts)
+            self._call(half, PAIRS_COUNT, self._lo, self._buckets, cell_next=counts)
+            return counts
 
         self._counts = self._each(count)
         self.counts = np.sum(self._counts, axis=0, dtype=np.int64).reshape(cells)
         self.offsets = np.concatenate([[0], np.cumsum(self.counts)]).astype(np.int64)
         self.values = np.empty(int(self.offsets[-1]))
-        sums = self._each(lambda half: self._call(
-            half, PAIRS_FILL, self._lo, self._buckets, cell_next=self._starts(half),
-            values=self.values, t_sum=np.zeros(cells)))  # fmt: skip
-        self.t_sum = np.sum(sums, axis=0).reshape(cells)
 
-    def _each(self, work: Callable[[int], np.ndarray]) -> list[np.ndarray]:
+        def fill(half: int) -> np.ndarray:
+            t_sum = np.zeros(cells)
+            self._call(half, PAIRS_FILL, self._lo, self._buckets, cell_next=self._starts(half),
+                       values=self.values, t_sum=t_sum)  # fmt: skip
+            return t_sum
+
+        self.t_sum = np.sum(self._each(fill), axis=0).reshape(cells)
+
+    def _each(self, work: Callable[[int], Any]) -> list[Any]:
         """work(half) for each half, at once (the kernels release the GIL)."""
-        if len(self._halves) == 1:
-            return [work(0)]
-        with ThreadPoolExecutor(max_workers=len(self._halves)) as pool:
-            return list(pool.map(work, range(len(self._halves))))
+        return list(_in_parallel(work, len(self._halves)))
 
     def _starts(self, half: int) -> np.ndarray:
         """Where each cell's values from `half` go: after the earlier halves'."""
@@ -685,10 +667,8 @@ class ClockPairs:
             starts += earlier
         return starts
 
-    def _call(self, half: int, mode: int, lo: int, buckets: int, **arrays: np.ndarray
-              ) -> np.ndarray:  # fmt: skip
-        """rwa_clock_pairs over one half of the observations; the array it fills
-        for this mode (range_, cell_next or t_sum), or upper for DETREND."""
+    def _call(self, half: int, mode: int, lo: int, buckets: int, **arrays: np.ndarray) -> None:
+        """rwa_clock_pairs over one half of the observations, filling `arrays`."""
         first, stop = self._halves[half]
         o = {name: a[first:stop] for name, a in self._obs.arrays.items()}
         none = np.zeros(1)
@@ -701,18 +681,14 @@ class ClockPairs:
         )  # fmt: skip
         if got < 0:
             raise Declined(f"rwa_clock_pairs({mode}) returned {got}")
-        return a[FILLED.get(mode, "upper")]
 
     def _medians(self, offsets: np.ndarray) -> np.ndarray:
-        """medians() of the segments of self.values at `offsets`, half of them on
-        each core."""
+        """medians() of the segments of self.values at `offsets`, in as many parts
+        at once as there are halves."""
         n = len(offsets) - 1
-        cut = n // 2 if len(self._halves) > 1 else n
-        parts = [(0, cut), (cut, n)] if 0 < cut < n else [(0, n)]
-        with ThreadPoolExecutor(max_workers=len(parts)) as pool:
-            out = pool.map(lambda part: medians(offsets[part[0] : part[1] + 1], self.values),
-                           parts)  # fmt: skip
-            return np.concatenate(list(out)) if n else np.empty(0)
+        cuts = np.linspace(0, n, len(self._halves) + 1).astype(np.int64)
+        parts = self._each(lambda k: medians(offsets[cuts[k] : cuts[k + 1] + 1], self.values))
+        return np.concatenate(parts)
 
     def bucket_rows(self) -> list[tuple]:
         """BUCKET_SQL's rows: (ha, hb, bucket, mean t, median d, count)."""

@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from rankwatch.store.bitmaps import bits_at
-from rankwatch.store.slabs import Slabs, anonymous
+from rankwatch.store.slabs import Slabs, anonymous, scratch
 
 # The chunk columns rwp_capture reads (native/rwkept.h: RW_C_*), each the ops column
 # of that name as the native reader fills it (rankwatch.store.native.capture_slots).
@@ -57,27 +57,20 @@ MEMBER_COLUMNS = ("comm_id", "comm_name", "rank", "n_ranks", "host", "pid")
 Member = tuple[int, int, int, "int | None", int, int, int]
 
 
-_local = threading.local()
-
-
 class _Capture:
-    """rwp_capture's output buffers for a chunk of `rows` rows: this thread's, used
-    again for its next chunk (what is kept of them is copied: CollectiveCapture._kept). Fresh for
-    each chunk, they cost a page fault per 4 KiB filled."""
+    """rwp_capture's output buffers for a chunk of `rows` rows: this thread's
+    scratch, used again for its next chunk (what is kept of them is copied:
+    CollectiveCapture._kept). Fresh for each chunk, they cost a page fault per
+    4 KiB filled."""
 
     def __init__(self, rows: int) -> None:
-        have: _Capture | None = getattr(_local, "capture", None)
-        if have is not None and len(have.row) >= rows:
-            self.__dict__.update(have.__dict__)
-            return
-        self.row = np.empty(rows, dtype=np.int32)
-        self.func = np.empty(rows, dtype=np.int32)
-        self.seq = np.empty(rows, dtype=np.int64)
-        self.values = {name: np.empty(rows, dtype=np.int64) for name in TIMES}
-        self.valid = np.empty(rows, dtype=np.uint8)
-        self.key = np.empty(rows, dtype=np.uint64)
-        self.proc = np.empty(rows, dtype=np.int32)
-        _local.capture = self
+        self.row = scratch("capture.row", rows, np.int32)
+        self.func = scratch("capture.func", rows, np.int32)
+        self.seq = scratch("capture.seq", rows, np.int64)
+        self.values = {name: scratch(f"capture.{name}", rows, np.int64) for name in TIMES}
+        self.valid = scratch("capture.valid", rows, np.uint8)
+        self.key = scratch("capture.key", rows, np.uint64)
+        self.proc = scratch("capture.proc", rows, np.int32)
 
 
 def _joined(arrays: list[np.ndarray], dtype: Any) -> np.ndarray:
@@ -195,7 +188,6 @@ class CollectiveCapture:
             member = self._members_of(state, chunk, picked, key)
         kept = self._kept
         columns = {"member": kept("member", member)}
-
         columns |= {"func": kept("func", out.func[:got]), "seq": kept("seq", out.seq[:got])}
         columns |= {name: kept(name, out.values[name][:got]) for name in TIMES}
         state.parts.append(columns | {"valid": kept("valid", out.valid[:got])})
