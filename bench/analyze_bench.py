@@ -219,6 +219,8 @@ def bench(
         for path in paths:
             runs[path].append(_analyze(path, out, opts.baseline_src))
     results = {path: _best(r) for path, r in runs.items()}
+    for path, r in results.items():  # every round's, beside the best: the spread
+        r["rounds_total_s"] = [run["total_s"] for run in runs[path]]
     n = next(iter(results.values()))["records"]
     print(f"\n{records:>11,} records requested, {n:,} written ({sim['bytes'] / 1e9:.2f} GB)")
     if sim["seconds"]:
@@ -237,6 +239,12 @@ def bench(
             f"{r['total_s']:7.1f}s {_rate(n, r['total_s'])} {r['total_cpu_s']:7.1f} "
             f"{r['peak_rss_mb']:7,.0f}MB {r['html_s']:7.1f}s {_pct(r.get('steal_pct'))}"
         )
+    if opts.repeat > 1:
+        for path, r in results.items():
+            rates = [n / t for t in r["rounds_total_s"]]
+            print(
+                f"  {path} over {len(rates)} rounds: {min(rates):,.0f} to {max(rates):,.0f} rec/s"
+            )
     first, base = next(iter(results.items()))
     for path, r in list(results.items())[1:]:
         print(
@@ -301,7 +309,10 @@ def main() -> None:
         "--reuse", action="store_true", help="analyse records kept in --workdir by --keep"
     )
     parser.add_argument(
-        "--repeat", type=int, default=1, help="rounds of runs of every path; the best counts"
+        "--repeat",
+        type=int,
+        default=1,
+        help="rounds of runs of every path; the best counts (every round's rate is printed)",
     )
     opts = parser.parse_args()
     sizes = [int(s) for s in opts.sizes.split(",") if s]
