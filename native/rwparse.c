@@ -1548,12 +1548,19 @@ static void *new_zeroed(size_t size, char **err, int *errlen, char *dummy) {
   return object;
 }
 
+/* No rows in the bound buffers: nothing pending of a run (flush_run) or of a
+ * template's folded values (flush_fixed). */
+static void no_rows(rwp_parser *p) {
+  p->rows = p->run_start = p->fixed_start = 0;
+  p->fixed_template = -1;
+}
+
 rwp_parser *rwp_new(const char *spec, char *err, int errlen) {
   char dummy[1];
   rwp_parser *p = new_zeroed(sizeof *p, &err, &errlen, dummy);
   if (!p) return NULL;
   p->root = -1;
-  p->fixed_template = -1;
+  no_rows(p);
   p->c_locale = newlocale(LC_ALL_MASK, "C", (locale_t)0);
   if (!p->c_locale) {
     snprintf(err, (size_t)errlen, "no C locale");
@@ -1598,8 +1605,8 @@ void rwp_reset(rwp_parser *p) {
   p->arena_len = 0;
   if (p->table) memset(p->table, 0, p->table_cap * sizeof *p->table);
   for (int i = 0; i < MAX_SLOTS; i++) p->last_code[i] = -1;
-  p->cap = p->rows = p->run_start = p->fixed_start = 0;
-  p->fixed_template = -1;
+  p->cap = 0;
+  no_rows(p);
   p->ntemplates = p->last_template = p->next_template = 0;
 }
 
@@ -1618,8 +1625,7 @@ int rwp_bind(rwp_parser *p, int64_t capacity, void *const *values, uint8_t *cons
     p->valid[i] = valid[i];
   }
   p->cap = capacity;
-  p->rows = p->run_start = p->fixed_start = 0;
-  p->fixed_template = -1;
+  no_rows(p);
   return 0;
 }
 

@@ -644,7 +644,7 @@ class ClockPairs:
             return counts
 
         self._counts = self._each(count)
-        self.counts = np.sum(self._counts, axis=0, dtype=np.int64).reshape(cells)
+        self.counts = np.sum(self._counts, axis=0, dtype=np.int64)
         self.offsets = np.concatenate([[0], np.cumsum(self.counts)]).astype(np.int64)
         self.values = np.empty(int(self.offsets[-1]))
 
@@ -654,7 +654,7 @@ class ClockPairs:
                        values=self.values, t_sum=t_sum)  # fmt: skip
             return t_sum
 
-        self.t_sum = np.sum(self._each(fill), axis=0).reshape(cells)
+        self.t_sum = np.sum(self._each(fill), axis=0)
 
     def _each(self, work: Callable[[int], Any]) -> list[Any]:
         """work(half) for each half, at once (the kernels release the GIL)."""
