@@ -45,10 +45,7 @@ class Build:
         if not handle:
             raise SystemExit(f"{path}: {err.value.decode(errors='replace')}")
         chunk = native._new_chunk(layout, rows)
-        void_pp = ctypes.c_void_p * layout.slots
-        bound = (void_pp(*[(v.ctypes.data if v is not None else None) for v in chunk.values]),
-                 void_pp(*[v.ctypes.data for v in chunk.valid]))  # fmt: skip
-        return cls(name, lib, handle, chunk, bound)
+        return cls(name, lib, handle, chunk, chunk.pointers())
 
     def parse(self, text: np.ndarray, rows: int) -> float:
         """CPU seconds of this thread to parse the whole text once."""
@@ -89,8 +86,8 @@ def main() -> None:
     if args.build is None and installed is None:
         raise SystemExit(f"no installed {native.LIB_FILENAME}: name the build to compare")
     data = Path(args.records).read_bytes()
-    lines = data.count(b"\n")
     text = np.frombuffer(data, dtype=np.uint8)
+    lines = native.count_newlines(text)
     layout = native.layout()
     paths = {"baseline": args.baseline, "build": args.build or installed}
     builds = [Build.load(name, path, layout, lines + 1) for name, path in paths.items()]

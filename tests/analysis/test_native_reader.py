@@ -6,7 +6,6 @@ mangled input under AddressSanitizer and UBSan."""
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import gzip
 import itertools
 import json
@@ -873,9 +872,7 @@ def test_values_a_template_folds_replace_what_the_buffers_held(sim) -> None:
     slot = {c.name: c.slot for c in layout.columns if c.group == "rankwatch"}
     with native.Reader(layout, chunk_rows=64) as reader:
         chunk = reader.bind_chunk(64)
-        void_pp = ctypes.c_void_p * layout.slots
-        bound = (void_pp(*[(v.ctypes.data if v is not None else None) for v in chunk.values]),
-                 void_pp(*[v.ctypes.data for v in chunk.valid]))  # fmt: skip
+        bound = chunk.pointers()
         for captured, device, job in [(True, 3, "first"), (False, 5, "second"), (True, 1, "x")]:
             reader._lib.rwp_reset(reader._p)
             assert reader._lib.rwp_bind(reader._p, 64, *bound) == 0

@@ -261,6 +261,13 @@ class Chunk:
     valid: list[np.ndarray]
     take: Callable[[int], np.ndarray] | None = None
 
+    def pointers(self) -> tuple[Any, Any]:
+        """The addresses of the value and validity buffers, slot by slot, as rwp_bind
+        takes them (NULL for a slot without values)."""
+        slots = ctypes.c_void_p * len(self.valid)
+        values = slots(*[(v.ctypes.data if v is not None else None) for v in self.values])
+        return values, slots(*[v.ctypes.data for v in self.valid])
+
 
 def _zeroed(nbytes: int) -> np.ndarray:
     return np.zeros(nbytes, dtype=np.uint8)
@@ -445,10 +452,7 @@ class Parser:
     def bind_chunk(self, rows: int) -> Chunk:
         """New buffers for `rows` rows, bound: the next rows parsed go there."""
         chunk = self._new_chunk(rows)
-        void_pp = ctypes.c_void_p * self.layout.slots
-        values = void_pp(*[(v.ctypes.data if v is not None else None) for v in chunk.values])
-        valid = void_pp(*[v.ctypes.data for v in chunk.valid])
-        if self._lib.rwp_bind(self._p, rows, values, valid) != 0:
+        if self._lib.rwp_bind(self._p, rows, *chunk.pointers()) != 0:
             raise RuntimeError("native reader: rwp_bind failed")
         self._capacity = rows
         return chunk
